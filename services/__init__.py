@@ -1,0 +1,1 @@
+"""AGL services: ledger, proxy, controller, trainer, and the shared ledger client."""

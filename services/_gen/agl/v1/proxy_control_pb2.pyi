@@ -1,0 +1,40 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ProxyReplica(_message.Message):
+    __slots__ = ("replica_id", "in_flight", "observed_generation", "report_time", "ttl_seconds")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REPORT_TIME_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    in_flight: int
+    observed_generation: int
+    report_time: _timestamp_pb2.Timestamp
+    ttl_seconds: float
+    def __init__(self, replica_id: _Optional[str] = ..., in_flight: _Optional[int] = ..., observed_generation: _Optional[int] = ..., report_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
+
+class ProxyControl(_message.Message):
+    __slots__ = ("paused", "retry_after_seconds", "reason", "generation", "update_time", "replicas")
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    paused: bool
+    retry_after_seconds: int
+    reason: str
+    generation: int
+    update_time: _timestamp_pb2.Timestamp
+    replicas: _containers.RepeatedCompositeFieldContainer[ProxyReplica]
+    def __init__(self, paused: _Optional[bool] = ..., retry_after_seconds: _Optional[int] = ..., reason: _Optional[str] = ..., generation: _Optional[int] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ProxyReplica, _Mapping]]] = ...) -> None: ...

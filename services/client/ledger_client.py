@@ -1,0 +1,427 @@
+"""LedgerClient: typed helpers over the generated LedgerService stub.
+
+Unary calls are retried on UNAVAILABLE with capped, jittered exponential backoff. Retrying is safe because
+the client fills in caller-chosen ids (rollout ids, event ids) before the first try, so a retry after a lost
+response finds the stored item instead of creating a second one. Watches reconnect by themselves and resume
+from the last revision or cursor they delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from services._gen.agl.v1 import (
+    event_pb2,
+    ledger_service_pb2,
+    ledger_service_pb2_grpc,
+    model_pb2,
+    proxy_control_pb2,
+    rollout_pb2,
+)
+
+log = logging.getLogger(__name__)
+
+LedgerError = grpc.aio.AioRpcError
+
+# Codes after which a stream is re-opened from its resume point rather than given up.
+_STREAM_RESUMABLE = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL}
+)
+_DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Capped exponential backoff with full jitter."""
+
+    attempts: int = 6
+    initial_backoff_s: float = 0.05
+    max_backoff_s: float = 2.0
+    multiplier: float = 2.0
+
+    def delays(self) -> Iterator[float]:
+        """Yields the sleep before each retry (attempts - 1 of them)."""
+        ceiling = self.initial_backoff_s
+        for _ in range(max(self.attempts - 1, 0)):
+            yield random.uniform(0, ceiling)
+            ceiling = min(ceiling * self.multiplier, self.max_backoff_s)
+
+    def reconnect_delay(self, failures: int) -> float:
+        """Sleep before re-opening a stream after `failures` consecutive failures."""
+        ceiling = min(self.initial_backoff_s * self.multiplier ** max(failures - 1, 0), self.max_backoff_s)
+        return random.uniform(ceiling / 2, ceiling)
+
+
+class LedgerClient:
+    """Async client of agl.v1.LedgerService. Create it anywhere; the channel opens on first use."""
+
+    def __init__(
+        self,
+        address: str,
+        key: str | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+        max_message_bytes: int = _DEFAULT_MAX_MESSAGE_BYTES,
+        call_timeout_s: float | None = 30.0,
+    ) -> None:
+        self.address = address
+        self._metadata: tuple[tuple[str, str], ...] | None = (("authorization", f"Bearer {key}"),) if key else None
+        self._retry = retry or RetryPolicy()
+        self._max_message_bytes = max_message_bytes
+        self._call_timeout_s = call_timeout_s
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: ledger_service_pb2_grpc.LedgerServiceStub | None = None
+
+    # -- plumbing -------------------------------------------------------------------------------------------
+
+    @property
+    def stub(self) -> ledger_service_pb2_grpc.LedgerServiceStub:
+        if self._stub is None:
+            options = [
+                ("grpc.max_send_message_length", self._max_message_bytes),
+                ("grpc.max_receive_message_length", self._max_message_bytes),
+                ("grpc.keepalive_time_ms", 30_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+            ]
+            self._channel = grpc.aio.insecure_channel(self.address, options=options)
+            self._stub = ledger_service_pb2_grpc.LedgerServiceStub(self._channel)
+        return self._stub
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...] | None:
+        return self._metadata
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+        self._channel = None
+        self._stub = None
+
+    async def __aenter__(self) -> LedgerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _unary(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+        delays = self._retry.delays()
+        while True:
+            try:
+                return await getattr(self.stub, method)(
+                    request, metadata=self._metadata, timeout=timeout_s or self._call_timeout_s
+                )
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                delay = next(delays, None)
+                if delay is None:
+                    raise
+                log.debug("ledger %s unavailable (%s); retrying in %.3fs", method, err.details(), delay)
+                await asyncio.sleep(delay)
+
+    # -- rollouts -------------------------------------------------------------------------------------------
+
+    async def create_rollouts(self, specs: Sequence[rollout_pb2.RolloutSpec]) -> list[rollout_pb2.Rollout]:
+        """Creates rollouts; ids are filled in first so that a retry never creates twice."""
+        request = ledger_service_pb2.CreateRolloutsRequest()
+        for spec in specs:
+            item = request.rollouts.add()
+            item.CopyFrom(spec)
+            if not item.rollout_id:
+                item.rollout_id = f"ro-{uuid.uuid4().hex}"
+        response = await self._unary("CreateRollouts", request)
+        return list(response.rollouts)
+
+    async def get_rollout(self, rollout_id: str) -> rollout_pb2.Rollout:
+        response = await self._unary("GetRollout", ledger_service_pb2.GetRolloutRequest(rollout_id=rollout_id))
+        return response.rollout
+
+    async def list_rollouts(
+        self,
+        states: Iterable[int] = (),
+        labels: Mapping[str, str] | None = None,
+        controller_id: str = "",
+        page_size: int = 500,
+    ) -> list[rollout_pb2.Rollout]:
+        """Every matching rollout (walks all pages)."""
+        found: list[rollout_pb2.Rollout] = []
+        token = ""
+        while True:
+            request = ledger_service_pb2.ListRolloutsRequest(
+                states=list(states),
+                label_selector=dict(labels or {}),
+                controller_id=controller_id,
+                page_size=page_size,
+                page_token=token,
+            )
+            response = await self._unary("ListRollouts", request)
+            found.extend(response.rollouts)
+            token = response.next_page_token
+            if not token:
+                return found
+
+    async def delete_rollouts(self, rollout_ids: Iterable[str]) -> int:
+        request = ledger_service_pb2.DeleteRolloutsRequest(rollout_ids=list(rollout_ids))
+        response = await self._unary("DeleteRollouts", request)
+        return response.deleted_count
+
+    async def update_status(
+        self,
+        rollout_id: str,
+        state: int,
+        *,
+        error_message: str = "",
+        attempt_id: str = "",
+        launcher_ref: str = "",
+        controller_id: str = "",
+        expected_version: int | None = None,
+    ) -> rollout_pb2.Rollout:
+        """Moves a rollout along its state machine; with expected_version it is a compare-and-set.
+
+        A retry after a lost response can meet ABORTED or FAILED_PRECONDITION although the first try applied:
+        callers that claim re-read the rollout to see whether the claim is theirs.
+        """
+        request = ledger_service_pb2.UpdateRolloutStatusRequest(
+            rollout_id=rollout_id,
+            state=state,
+            error_message=error_message,
+            attempt_id=attempt_id,
+            launcher_ref=launcher_ref,
+            controller_id=controller_id,
+        )
+        if expected_version is not None:
+            request.expected_version = expected_version
+        response = await self._unary("UpdateRolloutStatus", request)
+        return response.rollout
+
+    # -- events ---------------------------------------------------------------------------------------------
+
+    async def append_events(
+        self, events: Sequence[event_pb2.Event], reject_terminal: bool = False
+    ) -> ledger_service_pb2.AppendEventsResponse:
+        """Appends events atomically; event ids are filled in first so that a retry never duplicates."""
+        request = ledger_service_pb2.AppendEventsRequest(reject_terminal=reject_terminal)
+        for event in events:
+            item = request.events.add()
+            item.CopyFrom(event)
+            if not item.event_id:
+                item.event_id = uuid.uuid4().hex
+        return await self._unary("AppendEvents", request)
+
+    async def list_events(
+        self,
+        rollout_id: str,
+        attempt_id: str = "",
+        event_type: str = "",
+        view: int = event_pb2.EVENT_VIEW_FULL,
+        page_size: int = 1000,
+    ) -> list[event_pb2.Event]:
+        """Every matching event of the rollout, in sequence order (walks all pages)."""
+        found: list[event_pb2.Event] = []
+        token = ""
+        while True:
+            request = ledger_service_pb2.ListEventsRequest(
+                rollout_id=rollout_id,
+                attempt_id=attempt_id,
+                event_type=event_type,
+                view=view,
+                page_size=page_size,
+                page_token=token,
+            )
+            response = await self._unary("ListEvents", request)
+            found.extend(response.events)
+            token = response.next_page_token
+            if not token:
+                return found
+
+    # -- streams --------------------------------------------------------------------------------------------
+
+    async def watch_rollouts(
+        self,
+        states: Iterable[int] = (),
+        labels: Mapping[str, str] | None = None,
+        after_revision: int = 0,
+    ) -> AsyncIterator[ledger_service_pb2.WatchRolloutsResponse]:
+        """Snapshot then changes; reconnects and resumes after the last revision it delivered.
+
+        When the ledger no longer keeps that revision (OUT_OF_RANGE) it starts over with a fresh snapshot.
+        """
+        states = list(states)
+        selector = dict(labels or {})
+        revision = after_revision
+        failures = 0
+        while True:
+            request = ledger_service_pb2.WatchRolloutsRequest(
+                states=states, label_selector=selector, after_revision=revision
+            )
+            call = self.stub.WatchRollouts(request, metadata=self._metadata)
+            try:
+                async for message in call:
+                    failures = 0
+                    # Snapshot items all carry the snapshot's revision; the resume point moves only once the
+                    # snapshot is complete (SYNCED), so a cut mid-snapshot replays the snapshot.
+                    if message.type != ledger_service_pb2.ROLLOUT_CHANGE_TYPE_SNAPSHOT:
+                        revision = message.revision
+                    yield message
+                failures += 1  # the server ended the stream (e.g. shutting down): reconnect after a pause
+                await asyncio.sleep(self._retry.reconnect_delay(failures))
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.OUT_OF_RANGE:
+                    log.warning("rollout watch: revision %d no longer kept (%s); re-listing", revision, err.details())
+                    revision = 0
+                    continue
+                if err.code() not in _STREAM_RESUMABLE:
+                    raise
+                failures += 1
+                log.info(
+                    "rollout watch interrupted (%s: %s); resuming after revision %d",
+                    err.code().name,
+                    err.details(),
+                    revision,
+                )
+                await asyncio.sleep(self._retry.reconnect_delay(failures))
+            finally:
+                call.cancel()
+
+    async def watch_terminal(
+        self,
+        after_cursor: int = 0,
+        labels: Mapping[str, str] | None = None,
+        include_events: bool = True,
+    ) -> AsyncIterator[ledger_service_pb2.TerminalRollout]:
+        """Terminal rollouts in completion order; reconnects and resumes after the last cursor delivered."""
+        selector = dict(labels or {})
+        cursor = after_cursor
+        failures = 0
+        while True:
+            request = ledger_service_pb2.WatchTerminalRolloutsRequest(
+                after_cursor=cursor, label_selector=selector, include_events=include_events
+            )
+            call = self.stub.WatchTerminalRollouts(request, metadata=self._metadata)
+            try:
+                async for message in call:
+                    failures = 0
+                    cursor = message.entry.cursor
+                    yield message.entry
+                failures += 1
+                await asyncio.sleep(self._retry.reconnect_delay(failures))
+            except grpc.aio.AioRpcError as err:
+                if err.code() not in _STREAM_RESUMABLE:
+                    raise
+                failures += 1
+                log.info(
+                    "terminal watch interrupted (%s: %s); resuming after cursor %d",
+                    err.code().name,
+                    err.details(),
+                    cursor,
+                )
+                await asyncio.sleep(self._retry.reconnect_delay(failures))
+            finally:
+                call.cancel()
+
+    async def list_terminal(
+        self,
+        after_cursor: int = 0,
+        labels: Mapping[str, str] | None = None,
+        include_events: bool = False,
+        page_size: int = 100,
+    ) -> ledger_service_pb2.ListTerminalRolloutsResponse:
+        """One page of the terminal log after a cursor."""
+        request = ledger_service_pb2.ListTerminalRolloutsRequest(
+            after_cursor=after_cursor,
+            label_selector=dict(labels or {}),
+            include_events=include_events,
+            page_size=page_size,
+        )
+        return await self._unary("ListTerminalRollouts", request)
+
+    # -- models ---------------------------------------------------------------------------------------------
+
+    async def register_models(self, endpoints: Sequence[model_pb2.ModelEndpoint]) -> list[model_pb2.ModelEndpoint]:
+        response = await self._unary("RegisterModels", ledger_service_pb2.RegisterModelsRequest(endpoints=endpoints))
+        return list(response.endpoints)
+
+    async def list_models(self, model_name: str = "") -> list[model_pb2.ModelEndpoint]:
+        found: list[model_pb2.ModelEndpoint] = []
+        token = ""
+        while True:
+            request = ledger_service_pb2.ListModelsRequest(model_name=model_name, page_size=500, page_token=token)
+            response = await self._unary("ListModels", request)
+            found.extend(response.endpoints)
+            token = response.next_page_token
+            if not token:
+                return found
+
+    async def delete_models(self, keys: Sequence[model_pb2.ModelEndpointKey]) -> int:
+        response = await self._unary("DeleteModels", ledger_service_pb2.DeleteModelsRequest(keys=keys))
+        return response.deleted_count
+
+    async def watch_models(self, model_name: str = "") -> AsyncIterator[ledger_service_pb2.WatchModelsResponse]:
+        """The whole endpoint set, first as it is, then after every change; reconnects by itself."""
+        async for message in self._watch_forever(
+            "WatchModels", ledger_service_pb2.WatchModelsRequest(model_name=model_name)
+        ):
+            yield message
+
+    # -- proxy control --------------------------------------------------------------------------------------
+
+    async def set_proxy_pause(
+        self, paused: bool, retry_after_seconds: int = 5, reason: str = ""
+    ) -> proxy_control_pb2.ProxyControl:
+        request = ledger_service_pb2.SetProxyPauseRequest(
+            paused=paused, retry_after_seconds=retry_after_seconds, reason=reason
+        )
+        return (await self._unary("SetProxyPause", request)).control
+
+    async def report_proxy_replica(
+        self,
+        replica_id: str,
+        in_flight: int,
+        observed_generation: int,
+        ttl_seconds: float = 15.0,
+        leaving: bool = False,
+    ) -> proxy_control_pb2.ProxyControl:
+        request = ledger_service_pb2.ReportProxyReplicaRequest(
+            replica_id=replica_id,
+            in_flight=in_flight,
+            observed_generation=observed_generation,
+            ttl_seconds=ttl_seconds,
+            leaving=leaving,
+        )
+        return (await self._unary("ReportProxyReplica", request)).control
+
+    async def get_proxy_control(self) -> proxy_control_pb2.ProxyControl:
+        return (await self._unary("GetProxyControl", ledger_service_pb2.GetProxyControlRequest())).control
+
+    async def watch_proxy_control(self) -> AsyncIterator[proxy_control_pb2.ProxyControl]:
+        """The proxy control state, first as it is, then after every change; reconnects by itself."""
+        async for message in self._watch_forever("WatchProxyControl", ledger_service_pb2.WatchProxyControlRequest()):
+            yield message.control
+
+    async def _watch_forever(self, method: str, request: Any) -> AsyncIterator[Any]:
+        # For state-style streams (each message is the whole state) a reconnect simply starts over.
+        failures = 0
+        while True:
+            call = getattr(self.stub, method)(request, metadata=self._metadata)
+            try:
+                async for message in call:
+                    failures = 0
+                    yield message
+                failures += 1
+                await asyncio.sleep(self._retry.reconnect_delay(failures))
+            except grpc.aio.AioRpcError as err:
+                if err.code() not in _STREAM_RESUMABLE:
+                    raise
+                failures += 1
+                log.info("%s interrupted (%s: %s); reconnecting", method, err.code().name, err.details())
+                await asyncio.sleep(self._retry.reconnect_delay(failures))
+            finally:
+                call.cancel()

@@ -1,0 +1,1 @@
+"""Helpers that start the real services as subprocesses on loopback for tests."""
