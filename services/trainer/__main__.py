@@ -1,0 +1,19 @@
+"""agl-trainer / python -m services.trainer: Hydra config (verl's ppo_trainer + agl:) -> Ray job."""
+
+from __future__ import annotations
+
+import logging
+
+import hydra
+
+
+@hydra.main(config_path="config", config_name="agl_trainer", version_base=None)
+def main(config) -> None:  # type: ignore[no-untyped-def]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .runner import run
+
+    run(config)
+
+
+if __name__ == "__main__":
+    main()

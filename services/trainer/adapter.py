@@ -1,0 +1,119 @@
+"""The data path in one call: finished rollouts -> a verl DataProto ready for the actor update.
+
+traces -> rows (aggregation, limits) -> rollout-level advantages -> mini-batch alignment -> tensors ->
+per-rollout loss weights. Every count (drops, truncations, breaks, alignment) comes back as a metric.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from verl import DataProto
+
+from .advantage import rollout_advantages, zero_variance_groups
+from .aggregation import AggregationLevel, Row, rows_from_trace
+from .alignment import align_rows
+from .batch import rows_to_dataproto
+from .loss import ROW_WEIGHTS_KEY, per_rollout_token_weights
+from .triplets import RolloutTrace
+
+
+@dataclass(frozen=True)
+class DataPathSettings:
+    level: AggregationLevel = AggregationLevel.TRAJECTORY
+    max_prompt_length: int = 1024
+    max_response_length: int = 1024
+    pad_token_id: int = 0
+    adv_estimator: str = "grpo"
+    norm_adv_by_std_in_grpo: bool = True
+    # Rows per optimiser update (verl: ppo_mini_batch_size * rollout.n); <= 0: one update on all rows.
+    mini_batch_rows: int = 0
+    # Cap on optimiser updates per step; <= 0: no cap.
+    max_ppo_update_times: int = 0
+    # Rows must split evenly over this many data-parallel ranks.
+    row_divisor: int = 1
+
+
+@dataclass
+class TrainingBatch:
+    data: DataProto | None
+    metrics: dict[str, float]
+    num_updates: int
+    mini_batch_rows: int
+
+
+def build_rows(traces: Sequence[RolloutTrace], settings: DataPathSettings, counts: Counter[str]) -> list[Row]:
+    rows: list[Row] = []
+    for trace in traces:
+        rows.extend(
+            rows_from_trace(
+                trace,
+                settings.level,
+                max_prompt_length=settings.max_prompt_length,
+                max_response_length=settings.max_response_length,
+                counts=counts,
+            )
+        )
+    return rows
+
+
+def build_training_batch(
+    traces: Sequence[RolloutTrace],
+    settings: DataPathSettings,
+    *,
+    rng: random.Random | None = None,
+    algo_config: Any = None,
+    counts: Counter[str] | None = None,
+) -> TrainingBatch:
+    """Runs the whole data path. `data` is None when no row survives (the step then has nothing to train)."""
+    rng = rng or random.Random(0)
+    counts = counts if counts is not None else Counter()
+    rows = build_rows(traces, settings, counts)
+    advantages = rollout_advantages(
+        rows,
+        settings.adv_estimator,
+        norm_adv_by_std_in_grpo=settings.norm_adv_by_std_in_grpo,
+        algo_config=algo_config,
+    )
+    alignment = align_rows(
+        [row.group_id for row in rows],
+        zero_variance_groups(rows),
+        mini_batch_rows=settings.mini_batch_rows,
+        max_updates=settings.max_ppo_update_times,
+        divisor=settings.row_divisor,
+        rng=rng,
+    )
+    kept = [rows[i] for i in alignment.keep]
+    metrics: dict[str, float] = {f"agl/data/{key}": float(value) for key, value in sorted(counts.items())}
+    metrics.update(
+        {
+            "agl/data/rollouts": float(len(traces)),
+            "agl/data/rows_built": float(len(rows)),
+            "agl/data/rows_trained": float(len(kept)),
+            "agl/align/dropped_zero_variance_rows": float(alignment.dropped_zero_variance_rows),
+            "agl/align/dropped_random_rows": float(alignment.dropped_random_rows),
+            "agl/align/num_updates": float(alignment.num_updates),
+            "agl/align/mini_batch_rows": float(alignment.mini_batch_rows),
+        }
+    )
+    if not kept:
+        return TrainingBatch(None, metrics, 0, 0)
+    data = rows_to_dataproto(
+        kept,
+        advantages,
+        prompt_length=settings.max_prompt_length,
+        response_length=settings.max_response_length,
+        pad_token_id=settings.pad_token_id,
+    )
+    data.batch[ROW_WEIGHTS_KEY] = per_rollout_token_weights(
+        data.non_tensor_batch["rollout_id"], data.batch["response_mask"]
+    )
+    metrics["agl/data/rollouts_trained"] = float(len({row.rollout_id for row in kept}))
+    metrics["agl/data/has_rollout_log_probs"] = float("rollout_log_probs" in data.batch)
+    data.meta_info["agl_num_updates"] = alignment.num_updates
+    data.meta_info["agl_mini_batch_rows"] = alignment.mini_batch_rows
+    return TrainingBatch(data, metrics, alignment.num_updates, alignment.mini_batch_rows)

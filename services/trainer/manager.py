@@ -1,0 +1,399 @@
+"""The rollout manager: the trainer's rollout phase, driven through the ledger.
+
+Per step it creates `n` rollouts per sample (deterministic ids, one group per sample, run/step labels),
+then waits on the run's terminal feed. Sync mode returns when every group of the step is complete; async
+mode keeps `async_train_batch_size` groups in flight and returns as soon as `train_batch_size` groups are
+complete (all `n` siblings terminal), oldest first, carrying the rest over. Consumed rollouts go through
+the hooks, become RolloutTraces and are deleted from the ledger. All ledger traffic goes through
+services.client.LedgerClient.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from tqdm import tqdm
+
+from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
+from services.client import LedgerClient, LedgerError
+
+from . import hooks as user_hooks
+from .feed import TerminalFeed
+from .specs import LABEL_DATA_ID, LaunchSettings, Sample, build_specs, check_run_id, group_id
+from .state import GroupRecord, ManagerState, load_state, save_state
+from .triplets import RolloutTrace, trace_from_events
+
+log = logging.getLogger(__name__)
+
+_RETRYABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+    }
+)
+_SUCCEEDED = rollout_pb2.ROLLOUT_STATE_SUCCEEDED
+
+
+@dataclass(frozen=True)
+class ManagerSettings:
+    run_id: str
+    n: int = 1
+    train_batch_size: int = 1
+    # "sync" or "async".
+    mode: str = "sync"
+    # Groups kept in flight in async mode (at least train_batch_size).
+    async_train_batch_size: int = 0
+    launch: LaunchSettings = field(default_factory=LaunchSettings)
+    reward_fillna_value: float = 0.0
+    # Failed rollouts still train (their calls, the fill value when they posted no reward).
+    include_failed: bool = True
+    state_path: Path | None = None
+    create_attempts: int = 8
+    progress: bool = True
+    # Seconds between state flushes while waiting.
+    flush_interval_s: float = 0.5
+
+
+@dataclass
+class StepResult:
+    traces: list[RolloutTrace]
+    group_ids: list[str]
+    metrics: dict[str, float]
+    counts: Counter[str]
+
+
+def _seconds(ts: Any) -> float:
+    return ts.seconds + ts.nanos / 1e9
+
+
+def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {f"{prefix}/mean": sum(values) / len(values), f"{prefix}/max": max(values)}
+
+
+class RolloutManager:
+    def __init__(self, client: LedgerClient, settings: ManagerSettings, hooks: Any = None) -> None:
+        if settings.mode not in ("sync", "async"):
+            raise ValueError(f"mode must be sync or async, not {settings.mode!r}")
+        self.client = client
+        self.settings = settings
+        self.run_id = check_run_id(settings.run_id)
+        self.hooks = hooks
+        self.state: ManagerState = load_state(settings.state_path)
+        self._group_of: dict[str, str] = {}
+        self._remaining: dict[str, int] = {}
+        self._complete: dict[str, None] = {}
+        self.feed = TerminalFeed(client, self.run_id, self.state, on_entry=self._arrived)
+        self._last_flush = 0.0
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        for record in self.state.groups.values():
+            self._track(record)
+        self.feed.start()
+        await self._delete_pending()
+
+    async def close(self) -> None:
+        await self.feed.stop()
+        self._flush(force=True)
+
+    def _flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or (self.feed.dirty and now - self._last_flush >= self.settings.flush_interval_s):
+            save_state(self.settings.state_path, self.state)
+            self.feed.dirty = False
+            self._last_flush = now
+
+    # -- group bookkeeping ----------------------------------------------------------------------------------
+
+    def _track(self, record: GroupRecord) -> None:
+        missing = 0
+        for rollout_id in record.rollout_ids:
+            self._group_of[rollout_id] = record.group_id
+            if rollout_id not in self.feed.entries:
+                missing += 1
+        self._remaining[record.group_id] = missing
+        if missing == 0:
+            self._complete[record.group_id] = None
+
+    def _untrack(self, record: GroupRecord) -> None:
+        for rollout_id in record.rollout_ids:
+            self._group_of.pop(rollout_id, None)
+        self._remaining.pop(record.group_id, None)
+        self._complete.pop(record.group_id, None)
+
+    def _arrived(self, rollout_id: str) -> None:
+        group = self._group_of.get(rollout_id)
+        if group is None:
+            return
+        self._remaining[group] -= 1
+        if self._remaining[group] == 0:
+            self._complete[group] = None
+
+    # -- ledger calls ---------------------------------------------------------------------------------------
+
+    async def register_endpoints(self, model_name: str, endpoints: Sequence[str], version: int) -> None:
+        """Registers the engines serving the current weights; model version = global step."""
+        await self.client.register_models(
+            [model_pb2.ModelEndpoint(model_name=model_name, endpoint=e, version=version) for e in endpoints]
+        )
+        log.info("registered %d endpoints of %s at version %d", len(endpoints), model_name, version)
+
+    async def _create(self, specs: list[rollout_pb2.RolloutSpec]) -> list[rollout_pb2.Rollout]:
+        """Creates with retries; ids are pre-assigned, so a retry after a lost answer creates nothing twice."""
+        specs = [await user_hooks.on_enqueue(self.hooks, spec) for spec in specs]
+        delay = 0.1
+        for attempt in range(1, self.settings.create_attempts + 1):
+            try:
+                return await self.client.create_rollouts(specs)
+            except LedgerError as err:
+                if err.code() not in _RETRYABLE or attempt == self.settings.create_attempts:
+                    raise
+                log.warning("creating %d rollouts failed (%s); retry %d", len(specs), err.code().name, attempt)
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable")
+
+    async def _delete_pending(self) -> None:
+        if not self.state.to_delete:
+            return
+        ids = list(self.state.to_delete)
+        try:
+            await self.client.delete_rollouts(ids)
+        except LedgerError as err:
+            log.warning("deleting %d consumed rollouts failed (%s); will retry", len(ids), err.code().name)
+            return
+        self.state.to_delete = [i for i in self.state.to_delete if i not in set(ids)]
+        self._flush(force=True)
+
+    # -- enqueue --------------------------------------------------------------------------------------------
+
+    def _new_group(
+        self, step: int, slot: int, sample: Sample, is_train: bool, kind: str
+    ) -> list[rollout_pb2.RolloutSpec]:
+        specs = build_specs(
+            run_id=self.run_id,
+            step=step,
+            slot=slot,
+            sample=sample,
+            n=self.settings.n if is_train else 1,
+            launch=self.settings.launch,
+            is_train=is_train,
+            kind=kind,
+        )
+        record = GroupRecord(
+            group_id(self.run_id, step, slot, kind), sample.data_id, step, [s.rollout_id for s in specs], kind
+        )
+        self.state.groups[record.group_id] = record
+        self._track(record)
+        return specs
+
+    async def _enqueue(self, step: int, samples: Iterator[Sample]) -> tuple[list[str] | None, int]:
+        """Creates this step's groups; returns the groups to wait for (None: async) and the rollouts created."""
+        specs: list[rollout_pb2.RolloutSpec] = []
+        wanted: list[str] | None = None
+        if self.settings.mode == "sync":
+            wanted = []
+            for slot in range(self.settings.train_batch_size):
+                sample = next(samples, None)
+                if sample is None:
+                    break
+                gid = group_id(self.run_id, step, slot)
+                wanted.append(gid)
+                if gid not in self.state.groups:
+                    specs.extend(self._new_group(step, slot, sample, True, "s"))
+        else:
+            target = max(self.settings.async_train_batch_size, self.settings.train_batch_size)
+            key = str(step)
+            while len(self._train_groups()) < target:
+                sample = next(samples, None)
+                if sample is None:
+                    break
+                slot = self.state.slots.get(key, 0)
+                self.state.slots[key] = slot + 1
+                specs.extend(self._new_group(step, slot, sample, True, "s"))
+        # Write ahead: a manager restarted after the create knows these groups.
+        self._flush(force=True)
+        if specs:
+            await self._create(specs)
+        return wanted, len(specs)
+
+    # -- the step -------------------------------------------------------------------------------------------
+
+    def _train_groups(self) -> list[GroupRecord]:
+        return [r for r in self.state.groups.values() if r.kind == "s"]
+
+    def _ready(self, wanted: list[str] | None) -> list[str] | None:
+        """The groups to consume now, or None to keep waiting. wanted=None: async selection."""
+        if wanted is not None:
+            if len(self._complete) < len(wanted):  # cheap rejection while rollouts stream in
+                return None
+            return wanted if all(g in self._complete for g in wanted) else None
+        need = min(self.settings.train_batch_size, len(self._train_groups()))
+        complete = [g for g in self._complete if self.state.groups[g].kind == "s"]
+        if len(complete) < need or need == 0:
+            return None
+        # Oldest groups first; within a step, in creation order (dict order of state.groups).
+        position = {g: i for i, g in enumerate(self.state.groups)}
+        complete.sort(key=lambda g: (self.state.groups[g].step, position[g]))
+        return complete[:need]
+
+    async def _wait(self, wanted: list[str] | None, desc: str) -> list[str]:
+        batch = min(self.settings.train_batch_size, len(self._train_groups()))
+        total_groups = len(wanted) if wanted is not None else batch
+        bar = tqdm(
+            total=total_groups,
+            desc=desc,
+            unit="group",
+            delay=2.0,
+            disable=not self.settings.progress,
+            leave=False,
+        )
+        try:
+            while True:
+                self.feed.check()
+                chosen = self._ready(wanted)
+                if not bar.disable:
+                    pool = wanted if wanted is not None else self._complete
+                    bar.n = min(sum(1 for g in pool if g in self._complete), total_groups)
+                    bar.set_postfix(rollouts_done=self.feed.received, refresh=False)
+                    bar.refresh()
+                if chosen is not None:
+                    return chosen
+                self._flush()
+                self.feed.changed.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.feed.changed.wait(), timeout=self.settings.flush_interval_s)
+        finally:
+            bar.close()
+
+    async def collect(self, step: int, samples: Iterator[Sample]) -> StepResult:
+        """Runs the rollout phase of one training step."""
+        started = time.monotonic()
+        await self._delete_pending()
+        wanted, created = await self._enqueue(step, samples)
+        chosen = await self._wait(wanted, f"step {step} rollouts")
+        waited = time.monotonic() - started
+        result = await self._consume(step, chosen)
+        if self.settings.mode == "sync":
+            await self._abandon(step)
+        result.metrics.update(
+            {
+                "agl/step/created_rollouts": float(created),
+                "agl/step/wait_s": waited,
+                "agl/feed/duplicates_skipped": float(self.feed.duplicates_skipped),
+            }
+        )
+        carried = self._train_groups()
+        result.metrics["agl/async/carried_groups"] = float(len(carried))
+        carried_complete = sum(1 for r in carried if r.group_id in self._complete)
+        result.metrics["agl/async/carried_complete_groups"] = float(carried_complete)
+        result.metrics.update(_stats("agl/async/carried_age", [float(step - r.step) for r in carried]))
+        return result
+
+    async def evaluate(self, step: int, samples: Sequence[Sample]) -> StepResult:
+        """One rollout per sample (is_train false), waited for completely; for validation metrics."""
+        specs: list[rollout_pb2.RolloutSpec] = []
+        wanted: list[str] = []
+        for slot, sample in enumerate(samples):
+            gid = group_id(self.run_id, step, slot, "v")
+            wanted.append(gid)
+            if gid not in self.state.groups:
+                specs.extend(self._new_group(step, slot, sample, False, "v"))
+        self._flush(force=True)
+        if specs:
+            await self._create(specs)
+        chosen = await self._wait(wanted, f"step {step} validation")
+        return await self._consume(step, chosen)
+
+    async def _abandon(self, step: int) -> None:
+        """Sync mode: groups left from another step or an interrupted validation are dropped and deleted."""
+        stale = [r for r in self.state.groups.values() if r.step != step or r.kind != "s"]
+        for record in stale:
+            log.warning("dropping group %s left over from step %d", record.group_id, record.step)
+            self._untrack(record)
+            del self.state.groups[record.group_id]
+            for rollout_id in record.rollout_ids:
+                self.feed.entries.pop(rollout_id, None)
+                self.state.pending.pop(rollout_id, None)
+            self.state.to_delete.extend(record.rollout_ids)
+        if stale:
+            self._flush(force=True)
+            await self._delete_pending()
+
+    async def _consume(self, step: int, chosen: list[str]) -> StepResult:
+        records = [self.state.groups[g] for g in chosen]
+        counts: Counter[str] = Counter()
+        traces: list[RolloutTrace] = []
+        queue_wait: list[float] = []
+        run_time: list[float] = []
+        ages: list[float] = []
+        succeeded = failed = 0
+        appended: list[event_pb2.Event] = []
+        for record in records:
+            ages.append(float(step - record.step))
+            for entry in self.feed.take(record.rollout_ids):
+                rollout = entry.rollout
+                ok = rollout.status.state == _SUCCEEDED
+                succeeded += ok
+                failed += not ok
+                status = rollout.status
+                if status.HasField("start_time") and status.start_time.seconds:
+                    queue_wait.append(_seconds(status.start_time) - _seconds(status.create_time))
+                    if status.HasField("end_time"):
+                        run_time.append(_seconds(status.end_time) - _seconds(status.start_time))
+                extra = await user_hooks.on_finished(self.hooks, rollout, entry.events, ok)
+                known = {e.event_id for e in entry.events if e.event_id}
+                extra = [e for e in extra if e.event_id not in known]
+                appended.extend(extra)
+                if not ok and not self.settings.include_failed:
+                    counts["skipped_failed_rollouts"] += 1
+                    continue
+                traces.append(
+                    trace_from_events(
+                        rollout.rollout_id,
+                        record.group_id,
+                        rollout.metadata.labels.get(LABEL_DATA_ID, record.data_id),
+                        [*entry.events, *extra],
+                        reward_fillna_value=self.settings.reward_fillna_value,
+                        counts=counts,
+                        succeeded=ok,
+                    )
+                )
+        if appended:
+            await self.client.append_events(appended)
+        consumed = [rid for record in records for rid in record.rollout_ids]
+        for record in records:
+            self._untrack(record)
+            del self.state.groups[record.group_id]
+        self.state.to_delete.extend(consumed)
+        self._flush(force=True)
+        await self._delete_pending()
+        for rid in consumed:
+            log.debug("consumed rollout %s at step %d", rid, step)
+        metrics: dict[str, float] = {
+            "agl/rollout/succeeded": float(succeeded),
+            "agl/rollout/failed": float(failed),
+            "agl/rollout/groups": float(len(records)),
+            "agl/rollout/hook_events": float(len(appended)),
+        }
+        metrics.update(_stats("agl/rollout/queue_wait_s", queue_wait))
+        metrics.update(_stats("agl/rollout/run_time_s", run_time))
+        metrics.update(_stats("agl/async/consumed_age", ages))
+        return StepResult(traces, chosen, metrics, counts)

@@ -1,0 +1,108 @@
+"""Triplets: the trainable (prompt tokens, response tokens, log-probs) calls of one finished rollout.
+
+Pure: reads the triplet-view events that arrive with a terminal-stream entry and returns plain Python
+objects. One triplet per successful `model_request` with a non-empty response; the rollout's last reward
+is attached (missing -> the fill value). Every drop is counted in the caller's Counter.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from services._gen.agl.v1 import event_pb2
+
+MODEL_REQUEST = "model_request"
+REWARD = "reward"
+
+# Counter keys (reported as metrics under agl/data/...).
+DROPPED_ERROR_CALLS = "dropped_error_calls"
+DROPPED_EMPTY_RESPONSES = "dropped_empty_responses"
+LOGPROBS_MISSING = "logprobs_missing_calls"
+REWARD_MISSING = "reward_missing"
+
+
+@dataclass(frozen=True)
+class Triplet:
+    """One model call usable for training."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    # Aligned with response_ids, or None when the engine gave none (or a count that does not match).
+    logprobs: list[float] | None
+    turn_index: int
+    model_version: int = 0
+
+
+@dataclass
+class RolloutTrace:
+    """A finished rollout reduced to what the data path needs."""
+
+    rollout_id: str
+    group_id: str
+    data_id: str
+    reward: float
+    triplets: list[Triplet] = field(default_factory=list)
+    reward_missing: bool = False
+    succeeded: bool = True
+
+
+def extract_triplets(events: Iterable[event_pb2.Event], counts: Counter[str]) -> tuple[list[Triplet], float | None]:
+    """Triplets in event order and the last reward value (None when the rollout posted no reward)."""
+    triplets: list[Triplet] = []
+    reward: float | None = None
+    for event in events:
+        kind = event.WhichOneof("payload")
+        if kind == "model_request" or (kind is None and event.event_type == MODEL_REQUEST):
+            call = event.model_request
+            if call.status not in (event_pb2.MODEL_REQUEST_STATUS_OK, event_pb2.MODEL_REQUEST_STATUS_UNSPECIFIED):
+                counts[DROPPED_ERROR_CALLS] += 1
+                continue
+            response = list(call.response_token_ids)
+            if not response:
+                counts[DROPPED_EMPTY_RESPONSES] += 1
+                continue
+            logprobs: list[float] | None = None
+            if call.has_response_logprobs and len(call.response_logprobs) == len(response):
+                logprobs = list(call.response_logprobs)
+            else:
+                counts[LOGPROBS_MISSING] += 1
+            triplets.append(
+                Triplet(
+                    prompt_ids=list(call.prompt_token_ids),
+                    response_ids=response,
+                    logprobs=logprobs,
+                    turn_index=len(triplets),
+                    model_version=call.model_version,
+                )
+            )
+        elif kind == "reward" and event.reward.HasField("value"):
+            reward = event.reward.value
+    return triplets, reward
+
+
+def trace_from_events(
+    rollout_id: str,
+    group_id: str,
+    data_id: str,
+    events: Iterable[event_pb2.Event],
+    *,
+    reward_fillna_value: float,
+    counts: Counter[str],
+    succeeded: bool = True,
+) -> RolloutTrace:
+    """Builds a RolloutTrace; a missing reward becomes reward_fillna_value and is counted."""
+    triplets, reward = extract_triplets(events, counts)
+    missing = reward is None
+    if missing:
+        counts[REWARD_MISSING] += 1
+    return RolloutTrace(
+        rollout_id=rollout_id,
+        group_id=group_id,
+        data_id=data_id,
+        reward=reward_fillna_value if reward is None else float(reward),
+        triplets=triplets,
+        reward_missing=missing,
+        succeeded=succeeded,
+    )

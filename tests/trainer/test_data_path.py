@@ -1,0 +1,192 @@
+"""Events -> triplets -> rows -> DataProto, checked against hand-computed tensors (real verl, CPU torch)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from services._gen.agl.v1 import event_pb2
+from services.trainer.adapter import DataPathSettings, build_training_batch
+from services.trainer.aggregation import rows_from_trace
+from services.trainer.triplets import trace_from_events
+
+from .events import call, reward
+
+pytestmark = pytest.mark.trainer
+
+# A three-call rollout: call 1 continues call 0 (the agent added context [6, 7]); call 2 starts over.
+MULTI_TURN = [
+    call([1, 2, 3], [4, 5], [-0.1, -0.2]),
+    call([1, 2, 3], [9], status=event_pb2.MODEL_REQUEST_STATUS_ERROR),
+    call([1, 2, 3, 4, 5, 6, 7], [8], [-0.3]),
+    call([5], [], []),
+    reward(0.5),
+    call([9, 9], [10, 11, 12], [-0.4, -0.5, -0.6]),
+    reward(1.0),
+]
+
+
+def trace(rollout_id: str, group: str, events: list[event_pb2.Event], counts: Counter[str], fill: float = 0.0):
+    return trace_from_events(rollout_id, group, f"data-{group}", events, reward_fillna_value=fill, counts=counts)
+
+
+def settings(**kw) -> DataPathSettings:
+    base = {"level": "trajectory", "max_prompt_length": 4, "max_response_length": 6}
+    base.update(kw)
+    return DataPathSettings(**base)
+
+
+def test_triplets_drop_failed_and_empty_calls_and_keep_last_reward() -> None:
+    counts: Counter[str] = Counter()
+    t = trace("r1", "g1", MULTI_TURN, counts)
+    assert [x.response_ids for x in t.triplets] == [[4, 5], [8], [10, 11, 12]]
+    assert [x.turn_index for x in t.triplets] == [0, 1, 2]
+    assert t.reward == 1.0 and not t.reward_missing
+    assert counts == Counter({"dropped_error_calls": 1, "dropped_empty_responses": 1})
+
+
+def test_missing_reward_takes_fill_value_and_is_counted() -> None:
+    counts: Counter[str] = Counter()
+    t = trace("r1", "g1", [call([1], [2], [-1.0])], counts, fill=-0.25)
+    assert t.reward == -0.25 and t.reward_missing
+    assert counts["reward_missing"] == 1
+
+
+def test_trajectory_merges_continuations_and_breaks_on_mismatch() -> None:
+    counts: Counter[str] = Counter()
+    rows = rows_from_trace(
+        trace("r1", "g1", MULTI_TURN, counts), "trajectory", max_prompt_length=8, max_response_length=8, counts=counts
+    )
+    assert len(rows) == 2
+    first, second = rows
+    assert first.prompt_ids == [1, 2, 3]
+    assert first.response_ids == [4, 5, 6, 7, 8]
+    assert first.response_mask == [1, 1, 0, 0, 1]
+    assert first.logprobs == [-0.1, -0.2, 0.0, 0.0, -0.3]
+    assert (first.turn_index, first.num_turns) == (0, 2)
+    assert second.prompt_ids == [9, 9] and second.response_mask == [1, 1, 1]
+    assert (second.turn_index, second.num_turns) == (2, 1)
+    assert counts["trajectory_breaks"] == 1 and counts["merged_calls"] == 1
+
+
+def test_transition_gives_one_row_per_call() -> None:
+    counts: Counter[str] = Counter()
+    rows = rows_from_trace(
+        trace("r1", "g1", MULTI_TURN, counts), "transition", max_prompt_length=8, max_response_length=8, counts=counts
+    )
+    assert [r.prompt_ids for r in rows] == [[1, 2, 3], [1, 2, 3, 4, 5, 6, 7], [9, 9]]
+    assert [r.response_mask for r in rows] == [[1, 1], [1], [1, 1, 1]]
+    assert [r.turn_index for r in rows] == [0, 1, 2]
+    assert counts["trajectory_breaks"] == 0
+
+
+def test_trajectory_tensors_match_hand_computation() -> None:
+    counts: Counter[str] = Counter()
+    traces = [
+        trace("r1", "g1", MULTI_TURN, counts),
+        trace("r2", "g1", [call([1, 2], [4], [-0.7]), reward(0.0)], counts),
+    ]
+    out = build_training_batch(traces, settings(), counts=counts)
+    b = out.data.batch
+    assert b["prompts"].tolist() == [[0, 1, 2, 3], [0, 0, 9, 9], [0, 0, 1, 2]]
+    assert b["responses"].tolist() == [[4, 5, 6, 7, 8, 0], [10, 11, 12, 0, 0, 0], [4, 0, 0, 0, 0, 0]]
+    assert b["input_ids"].tolist() == [
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 0],
+        [0, 0, 9, 9, 10, 11, 12, 0, 0, 0],
+        [0, 0, 1, 2, 4, 0, 0, 0, 0, 0],
+    ]
+    assert b["attention_mask"].tolist() == [
+        [0, 1, 1, 1, 1, 1, 1, 1, 1, 0],
+        [0, 0, 1, 1, 1, 1, 1, 0, 0, 0],
+        [0, 0, 1, 1, 1, 0, 0, 0, 0, 0],
+    ]
+    assert b["position_ids"].tolist() == [
+        [0, 0, 1, 2, 3, 4, 5, 6, 7, 7],
+        [0, 0, 0, 1, 2, 3, 4, 4, 4, 4],
+        [0, 0, 0, 1, 2, 2, 2, 2, 2, 2],
+    ]
+    assert b["response_mask"].tolist() == [[1, 1, 0, 0, 1, 0], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0]]
+    assert b["token_level_scores"].tolist() == [
+        [0, 0, 0, 0, 1.0, 0],
+        [0, 0, 1.0, 0, 0, 0],
+        [0, 0, 0, 0, 0, 0],
+    ]
+    expected_lp = torch.tensor(
+        [[-0.1, -0.2, 0, 0, -0.3, 0], [-0.4, -0.5, -0.6, 0, 0, 0], [-0.7, 0, 0, 0, 0, 0]], dtype=torch.float32
+    )
+    assert torch.equal(b["rollout_log_probs"], expected_lp)
+    nt = out.data.non_tensor_batch
+    assert nt["uid"].tolist() == ["g1", "g1", "g1"]
+    assert nt["data_id"].tolist() == ["data-g1"] * 3
+    assert nt["rollout_id"].tolist() == ["r1", "r1", "r2"]
+    assert nt["turn_index"].tolist() == [0, 2, 0]
+
+
+def test_transition_tensors_match_hand_computation() -> None:
+    counts: Counter[str] = Counter()
+    events = [call([1, 2], [3, 4], [-1.0, -2.0]), call([1, 2, 3, 4, 5], [6], [-3.0]), reward(2.0)]
+    out = build_training_batch([trace("r1", "g1", events, counts)], settings(level="transition", max_prompt_length=5))
+    b = out.data.batch
+    assert b["prompts"].tolist() == [[0, 0, 0, 1, 2], [1, 2, 3, 4, 5]]
+    assert b["responses"].tolist() == [[3, 4, 0, 0, 0, 0], [6, 0, 0, 0, 0, 0]]
+    assert b["response_mask"].tolist() == [[1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]]
+    assert b["token_level_scores"].tolist() == [[0, 2.0, 0, 0, 0, 0], [2.0, 0, 0, 0, 0, 0]]
+    assert b["position_ids"][1].tolist() == [0, 1, 2, 3, 4, 5, 5, 5, 5, 5, 5]
+    assert out.data.non_tensor_batch["turn_index"].tolist() == [0, 1]
+
+
+def test_long_prompt_dropped_and_long_response_truncated_with_masks_and_logprobs() -> None:
+    counts: Counter[str] = Counter()
+    events = [
+        call([1, 2], [3, 4, 5], [-1.0, -2.0, -3.0]),
+        call([1, 2, 3, 4, 5, 6, 7], [8, 9], [-4.0, -5.0]),
+        call([7, 7, 7, 7, 7], [1], [-1.0]),
+        reward(1.0),
+    ]
+    t = trace("r1", "g1", events, counts)
+    rows = rows_from_trace(t, "trajectory", max_prompt_length=4, max_response_length=6, counts=counts)
+    # Row 0: [3,4,5] + context [6,7] + [8,9] = 7 tokens, cut to 6: [3,4,5,6,7,8].
+    assert rows[0].response_ids == [3, 4, 5, 6, 7, 8]
+    assert rows[0].response_mask == [1, 1, 1, 0, 0, 1]
+    assert rows[0].logprobs == [-1.0, -2.0, -3.0, 0.0, 0.0, -4.0]
+    assert len(rows) == 1
+    assert counts["truncated_response_rows"] == 1 and counts["dropped_prompt_too_long_rows"] == 1
+
+    counts = Counter()
+    cut = rows_from_trace(t, "trajectory", max_prompt_length=4, max_response_length=5, counts=counts)
+    # Cut to 5 ends inside the context [6, 7]: the trailing context goes too.
+    assert cut[0].response_ids == [3, 4, 5] and cut[0].response_mask == [1, 1, 1]
+    assert cut[0].logprobs == [-1.0, -2.0, -3.0]
+
+    out = build_training_batch([t], settings(max_prompt_length=4, max_response_length=6))
+    assert out.data.batch["token_level_scores"].tolist() == [[0, 0, 0, 0, 0, 1.0]]
+    assert out.metrics["agl/data/dropped_prompt_too_long_rows"] == 1.0
+    assert out.metrics["agl/data/truncated_response_rows"] == 1.0
+
+
+def test_rollout_log_probs_omitted_when_any_row_lacks_them() -> None:
+    counts: Counter[str] = Counter()
+    traces = [
+        trace("r1", "g1", [call([1], [2], [-0.5]), reward(1.0)], counts),
+        trace("r2", "g1", [call([1], [3]), reward(0.0)], counts),
+    ]
+    out = build_training_batch(traces, settings())
+    assert "rollout_log_probs" not in out.data.batch
+    assert out.metrics["agl/data/has_rollout_log_probs"] == 0.0
+    assert counts["logprobs_missing_calls"] == 1
+    # A merged row whose later call lacks log-probs loses them as a whole.
+    merged = trace("r3", "g2", [call([1], [2], [-0.5]), call([1, 2], [3]), reward(1.0)], counts)
+    rows = rows_from_trace(merged, "trajectory", max_prompt_length=4, max_response_length=6, counts=counts)
+    assert rows[0].response_ids == [2, 3] and rows[0].logprobs is None
+    # A log-prob count that does not match the response is treated as missing.
+    bad = trace("r4", "g2", [call([1], [2, 3], [-0.5]), reward(1.0)], counts)
+    assert bad.triplets[0].logprobs is None
+
+
+def test_no_rows_gives_no_batch() -> None:
+    counts: Counter[str] = Counter()
+    out = build_training_batch([trace("r1", "g1", [reward(1.0)], counts)], settings())
+    assert out.data is None and out.num_updates == 0
+    assert out.metrics["agl/data/rows_built"] == 0.0
