@@ -131,6 +131,26 @@ class AppendEventsResponse(_message.Message):
     attempt_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, sequences: _Optional[_Iterable[int]] = ..., attempt_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class StreamAppendEventsRequest(_message.Message):
+    __slots__ = ("request_id", "append")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    APPEND_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    append: AppendEventsRequest
+    def __init__(self, request_id: _Optional[int] = ..., append: _Optional[_Union[AppendEventsRequest, _Mapping]] = ...) -> None: ...
+
+class StreamAppendEventsResponse(_message.Message):
+    __slots__ = ("request_id", "append", "error_code", "error_message")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    APPEND_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    append: AppendEventsResponse
+    error_code: int
+    error_message: str
+    def __init__(self, request_id: _Optional[int] = ..., append: _Optional[_Union[AppendEventsResponse, _Mapping]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
 class ListEventsRequest(_message.Message):
     __slots__ = ("rollout_id", "attempt_id", "event_type", "view", "page_size", "page_token")
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]

@@ -65,6 +65,11 @@ class LedgerServiceStub:
                 request_serializer=agl_dot_v1_dot_ledger__service__pb2.AppendEventsRequest.SerializeToString,
                 response_deserializer=agl_dot_v1_dot_ledger__service__pb2.AppendEventsResponse.FromString,
                 _registered_method=True)
+        self.StreamAppendEvents = channel.stream_stream(
+                '/agl.v1.LedgerService/StreamAppendEvents',
+                request_serializer=agl_dot_v1_dot_ledger__service__pb2.StreamAppendEventsRequest.SerializeToString,
+                response_deserializer=agl_dot_v1_dot_ledger__service__pb2.StreamAppendEventsResponse.FromString,
+                _registered_method=True)
         self.ListEvents = channel.unary_unary(
                 '/agl.v1.LedgerService/ListEvents',
                 request_serializer=agl_dot_v1_dot_ledger__service__pb2.ListEventsRequest.SerializeToString,
@@ -166,6 +171,15 @@ class LedgerServiceServicer:
 
     def AppendEvents(self, request, context):
         """Appends events (for one or many rollouts) atomically; the ledger stamps sequence and time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamAppendEvents(self, request_iterator, context):
+        """AppendEvents over one long-lived stream, for writers that append continuously (the proxy): each request
+        is one AppendEvents batch with the same semantics, answered in request order once durable. A failed
+        request is answered with its error and the stream goes on. Far cheaper per call than a unary RPC.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -283,6 +297,11 @@ def add_LedgerServiceServicer_to_server(servicer, server):
                     servicer.AppendEvents,
                     request_deserializer=agl_dot_v1_dot_ledger__service__pb2.AppendEventsRequest.FromString,
                     response_serializer=agl_dot_v1_dot_ledger__service__pb2.AppendEventsResponse.SerializeToString,
+            ),
+            'StreamAppendEvents': grpc.stream_stream_rpc_method_handler(
+                    servicer.StreamAppendEvents,
+                    request_deserializer=agl_dot_v1_dot_ledger__service__pb2.StreamAppendEventsRequest.FromString,
+                    response_serializer=agl_dot_v1_dot_ledger__service__pb2.StreamAppendEventsResponse.SerializeToString,
             ),
             'ListEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.ListEvents,
@@ -508,6 +527,33 @@ class LedgerService:
             '/agl.v1.LedgerService/AppendEvents',
             agl_dot_v1_dot_ledger__service__pb2.AppendEventsRequest.SerializeToString,
             agl_dot_v1_dot_ledger__service__pb2.AppendEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamAppendEvents(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/agl.v1.LedgerService/StreamAppendEvents',
+            agl_dot_v1_dot_ledger__service__pb2.StreamAppendEventsRequest.SerializeToString,
+            agl_dot_v1_dot_ledger__service__pb2.StreamAppendEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,
