@@ -1,0 +1,436 @@
+"""The ledger core: rollouts and their state machine, events, the terminal log and the watches' sources.
+
+All state lives in memory and is changed only from the event loop's thread, so operations are atomic without
+locks: each one validates everything, changes memory and hands the change to the store in one synchronous
+step, then awaits durability before returning (a write is acknowledged only once durable). Watches are fed
+synchronously at change time and deliver a change only after it is durable.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+
+from services._gen.agl.v1 import event_pb2, ledger_service_pb2, model_pb2, proxy_control_pb2, rollout_pb2
+
+from . import states
+from .errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from .hub import Change, RolloutFilter, RolloutHub
+from .model_registry import ModelRegistry
+from .proxy_control import ProxyControlState
+from .store import DELETE_MODEL, DELETE_ROLLOUT, PUT_EVENT, PUT_META, PUT_MODEL, PUT_ROLLOUT, Op, Store
+from .terminal_log import TerminalLog
+from .triplet import triplet_view
+from .validation import check_event, check_id, check_spec
+
+log = logging.getLogger(__name__)
+
+UPSERT = ledger_service_pb2.ROLLOUT_CHANGE_TYPE_UPSERT
+DELETE = ledger_service_pb2.ROLLOUT_CHANGE_TYPE_DELETE
+UNSPECIFIED = rollout_pb2.ROLLOUT_STATE_UNSPECIFIED
+TRIPLET = event_pb2.EVENT_VIEW_TRIPLET
+ALL_ATTEMPTS = "*"
+ALL_EVENTS = 1 << 62
+
+META_REVISION = "revision"
+META_TERMINAL_CURSOR = "terminal_cursor"
+META_MODELS_REVISION = "models_revision"
+META_PROXY_CONTROL = "proxy_control"
+
+
+class Entry:
+    """One stored rollout plus its indexes. `rollout` is replaced, never mutated, when it changes."""
+
+    __slots__ = ("event_ids", "lsn", "next_seq", "ordinal", "rollout", "terminal_cursor")
+
+    def __init__(self, rollout: rollout_pb2.Rollout, ordinal: int, terminal_cursor: int | None = None) -> None:
+        self.rollout = rollout
+        self.ordinal = ordinal  # creation order, for paging
+        self.terminal_cursor = terminal_cursor
+        self.next_seq = 1
+        self.event_ids: dict[str, tuple[int, str]] | None = None  # event_id -> (sequence, attempt_id)
+        self.lsn = 0  # store write of the last change
+
+
+def page_size(requested: int, default: int, maximum: int) -> int:
+    if requested < 0:
+        raise InvalidArgument("page_size must not be negative")
+    return min(requested or default, maximum)
+
+
+def parse_token(token: str) -> int:
+    if not token:
+        return 0
+    try:
+        value = int(token)
+    except ValueError:
+        raise InvalidArgument(f"page_token {token!r} is not a token this ledger issued") from None
+    if value < 0:
+        raise InvalidArgument(f"page_token {token!r} is not a token this ledger issued")
+    return value
+
+
+class Ledger:
+    def __init__(self, store: Store, *, ring_size: int = 50_000, watch_buffer: int = 8192) -> None:
+        self.store = store
+        self.rollouts: dict[str, Entry] = {}
+        self.revision = 0
+        self.last_lsn = 0
+        self.events_appended = 0
+        self.state_counts: collections.Counter[int] = collections.Counter()
+        self.terminal = TerminalLog()
+        self.models = ModelRegistry()
+        self.proxy = ProxyControlState()
+        self.stream_counts: collections.Counter[str] = collections.Counter()
+        self._ring_size = ring_size
+        self._watch_buffer = watch_buffer
+        self.hub = RolloutHub(0, ring_size, watch_buffer)
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Restore what the store kept (rollouts, event indexes, terminal log, models, counters, pause state)."""
+        loaded = self.store.load()
+        terminal: list[tuple[int, str]] = []
+        revision = int(loaded.meta.get(META_REVISION, 0))
+        for stored in loaded.rollouts:
+            rollout = rollout_pb2.Rollout.FromString(stored.data)
+            self.rollouts[stored.rollout_id] = Entry(rollout, stored.ordinal, stored.terminal_cursor)
+            self.state_counts[rollout.status.state] += 1
+            revision = max(revision, rollout.status.revision, stored.ordinal)
+            if stored.terminal_cursor is not None:
+                terminal.append((stored.terminal_cursor, stored.rollout_id))
+        for rollout_id, head in loaded.event_heads.items():
+            entry = self.rollouts.get(rollout_id)
+            if entry is not None:
+                entry.next_seq = head + 1
+        for rollout_id, event_id, seq, attempt_id in loaded.event_ids:
+            entry = self.rollouts.get(rollout_id)
+            if entry is not None:
+                if entry.event_ids is None:
+                    entry.event_ids = {}
+                entry.event_ids[event_id] = (seq, attempt_id)
+        self.terminal = TerminalLog(int(loaded.meta.get(META_TERMINAL_CURSOR, 0)))
+        for cursor, rollout_id in sorted(terminal):
+            self.terminal.restore(cursor, rollout_id)
+        self.revision = revision
+        self.hub = RolloutHub(revision, self._ring_size, self._watch_buffer)
+        self.models = ModelRegistry(int(loaded.meta.get(META_MODELS_REVISION, 0)))
+        for data in loaded.models:
+            self.models.restore(model_pb2.ModelEndpoint.FromString(data))
+        control = loaded.meta.get(META_PROXY_CONTROL)
+        if isinstance(control, bytes):
+            self.proxy.restore(proxy_control_pb2.ProxyControl.FromString(control))
+        events = sum(e.next_seq - 1 for e in self.rollouts.values())
+        log.info(
+            "ledger loaded: %d rollouts, %d events, %d terminal entries, %d model endpoints, revision %d",
+            len(self.rollouts), events, len(self.terminal), len(self.models.list()), revision,
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    def _write(self, ops: list[Op]) -> int:
+        self.last_lsn = self.store.write(ops)
+        return self.last_lsn
+
+    async def durable(self, lsn: int) -> None:
+        if lsn > self.store.committed_lsn:
+            await self.store.wait(lsn)
+
+    def entry(self, rollout_id: str) -> Entry:
+        entry = self.rollouts.get(rollout_id)
+        if entry is None:
+            raise NotFound(f"rollout {rollout_id} not found")
+        return entry
+
+    # -- rollouts --------------------------------------------------------------------------------------------------
+
+    async def create_rollouts(self, specs: list[rollout_pb2.RolloutSpec]) -> list[tuple[rollout_pb2.Rollout, bool]]:
+        for i, spec in enumerate(specs):
+            check_spec(spec, i)
+        now = time.time_ns()
+        results: list[tuple[rollout_pb2.Rollout, bool]] = []
+        created: list[Entry] = []
+        ops: list[Op] = []
+        wait_for = 0
+        for spec in specs:
+            rollout_id = spec.rollout_id or uuid.uuid4().hex
+            existing = self.rollouts.get(rollout_id)
+            if existing is not None:
+                results.append((existing.rollout, False))
+                wait_for = max(wait_for, existing.lsn)
+                continue
+            self.revision += 1
+            rollout = rollout_pb2.Rollout(
+                rollout_id=rollout_id,
+                input_json=spec.input_json,
+                is_train=spec.is_train,
+                config=spec.config,
+                metadata=spec.metadata,
+            )
+            status = rollout.status
+            status.state = states.QUEUING
+            status.version = 1
+            status.revision = self.revision
+            status.create_time.FromNanoseconds(now)
+            status.update_time.FromNanoseconds(now)
+            entry = Entry(rollout, self.revision)
+            self.rollouts[rollout_id] = entry
+            created.append(entry)
+            results.append((rollout, True))
+            ops.append((PUT_ROLLOUT, rollout_id, entry.ordinal, None, rollout.SerializeToString()))
+        if ops:
+            ops.append((PUT_META, META_REVISION, self.revision))
+            lsn = self._write(ops)
+            self.state_counts[states.QUEUING] += len(created)
+            for entry in created:
+                entry.lsn = lsn
+                self.hub.publish(Change(entry.ordinal, UPSERT, entry.rollout, UNSPECIFIED, lsn))
+            wait_for = lsn
+            log.debug("created %d rollouts: %s", len(created), ", ".join(e.rollout.rollout_id for e in created))
+        await self.durable(wait_for)
+        return results
+
+    async def get_rollout(self, rollout_id: str) -> rollout_pb2.Rollout:
+        entry = self.entry(rollout_id)
+        await self.durable(entry.lsn)
+        return entry.rollout
+
+    async def list_rollouts(
+        self, state_filter: Iterable[int], labels: Mapping[str, str], controller_id: str, size: int, token: str
+    ) -> tuple[list[rollout_pb2.Rollout], str]:
+        size = page_size(size, 100, 1000)
+        after = parse_token(token)
+        rollout_filter = RolloutFilter(state_filter, labels)
+        out: list[rollout_pb2.Rollout] = []
+        more = False
+        lsn = 0
+        after_ordinal = after
+        for entry in self.rollouts.values():
+            if entry.ordinal <= after:
+                continue
+            rollout = entry.rollout
+            if not rollout_filter.matches(rollout):
+                continue
+            if controller_id and rollout.status.controller_id != controller_id:
+                continue
+            if len(out) == size:
+                more = True
+                break
+            out.append(rollout)
+            lsn = max(lsn, entry.lsn)
+            after_ordinal = entry.ordinal
+        await self.durable(lsn)
+        return out, (str(after_ordinal) if more else "")
+
+    async def delete_rollouts(self, rollout_ids: Iterable[str]) -> int:
+        ops: list[Op] = []
+        changes: list[Change] = []
+        for rollout_id in dict.fromkeys(rollout_ids):
+            entry = self.rollouts.pop(rollout_id, None)
+            if entry is None:
+                continue
+            self.revision += 1
+            self.terminal.remove(rollout_id)
+            self.state_counts[entry.rollout.status.state] -= 1
+            ops.append((DELETE_ROLLOUT, rollout_id))
+            changes.append(Change(self.revision, DELETE, entry.rollout, entry.rollout.status.state, 0))
+        if not ops:
+            await self.durable(self.last_lsn)
+            return 0
+        ops.append((PUT_META, META_REVISION, self.revision))
+        lsn = self._write(ops)
+        for change in changes:
+            self.hub.publish(Change(change.revision, DELETE, change.rollout, change.previous_state, lsn))
+        log.debug("deleted %d rollouts", len(changes))
+        await self.durable(lsn)
+        return len(changes)
+
+    async def update_status(
+        self,
+        rollout_id: str,
+        state: int,
+        *,
+        error_message: str = "",
+        attempt_id: str = "",
+        launcher_ref: str = "",
+        controller_id: str = "",
+        expected_version: int | None = None,
+    ) -> rollout_pb2.Rollout:
+        check_id(attempt_id, "attempt_id", f"rollout {rollout_id}")
+        entry = self.entry(rollout_id)
+        current = entry.rollout
+        if expected_version is not None and current.status.version != expected_version:
+            raise Aborted(f"rollout {rollout_id}: version is {current.status.version}, expected {expected_version}")
+        previous_state = current.status.state
+        states.check_transition(rollout_id, previous_state, state)
+        now = time.time_ns()
+        rollout = rollout_pb2.Rollout()
+        rollout.CopyFrom(current)
+        status = rollout.status
+        status.state = state
+        if error_message:
+            status.error_message = error_message
+        if attempt_id:
+            status.attempt_id = attempt_id
+        if launcher_ref:
+            status.launcher_ref = launcher_ref
+        if controller_id:
+            status.controller_id = controller_id
+        status.version += 1
+        self.revision += 1
+        status.revision = self.revision
+        status.update_time.FromNanoseconds(now)
+        if state == states.RUNNING and previous_state != states.RUNNING:
+            status.start_time.FromNanoseconds(now)
+        terminal = states.is_terminal(state)
+        if terminal:
+            status.end_time.FromNanoseconds(now)
+            entry.terminal_cursor = self.terminal.next_cursor()
+        ops: list[Op] = [
+            (PUT_ROLLOUT, rollout_id, entry.ordinal, entry.terminal_cursor, rollout.SerializeToString()),
+            (PUT_META, META_REVISION, self.revision),
+        ]
+        if terminal:
+            ops.append((PUT_META, META_TERMINAL_CURSOR, entry.terminal_cursor))
+        lsn = self._write(ops)
+        entry.rollout = rollout
+        entry.lsn = lsn
+        self.state_counts[previous_state] -= 1
+        self.state_counts[state] += 1
+        if terminal:
+            self.terminal.append(rollout_id)
+        self.hub.publish(Change(self.revision, UPSERT, rollout, previous_state, lsn))
+        log.info(
+            "rollout %s: %s -> %s (attempt %s, version %d)%s",
+            rollout_id, states.state_name(previous_state), states.state_name(state), status.attempt_id,
+            status.version, f": {status.error_message}" if error_message else "",
+        )  # fmt: skip
+        await self.durable(lsn)
+        return rollout
+
+    # -- events ----------------------------------------------------------------------------------------------------
+
+    async def append_events(
+        self, events: list[event_pb2.Event], reject_terminal: bool = False
+    ) -> tuple[list[int], list[str]]:
+        """Append atomically: every event is validated before anything is stored. Returns once durable."""
+        sequences, attempts, lsn = self.stage_events(events, reject_terminal)
+        await self.durable(lsn)
+        return sequences, attempts
+
+    def stage_events(
+        self, events: list[event_pb2.Event], reject_terminal: bool = False
+    ) -> tuple[list[int], list[str], int]:
+        """The synchronous part of `append_events`: validate, stamp, hand to the store. The caller must await
+        `durable(lsn)` before acknowledging (a duplicate's original may still be committing, so the LSN is the
+        latest write's even when nothing new was stored)."""
+        rollouts = self.rollouts
+        for i, event in enumerate(events):
+            check_event(event, i)
+            entry = rollouts.get(event.rollout_id)
+            if entry is None:
+                raise NotFound(f"events[{i}]: rollout {event.rollout_id} not found")
+            if reject_terminal and states.is_terminal(entry.rollout.status.state):
+                raise FailedPrecondition(
+                    f"rollout {event.rollout_id} is {states.state_name(entry.rollout.status.state)}: "
+                    "it accepts no more events"
+                )
+        seconds, nanos = divmod(time.time_ns(), 1_000_000_000)
+        sequences: list[int] = []
+        attempts: list[str] = []
+        ops: list[Op] = []
+        for event in events:
+            entry = rollouts[event.rollout_id]
+            event_id = event.event_id
+            if event_id and entry.event_ids is not None:
+                known = entry.event_ids.get(event_id)
+                if known is not None:
+                    sequences.append(known[0])
+                    attempts.append(known[1])
+                    continue
+            attempt_id = event.attempt_id or entry.rollout.status.attempt_id
+            seq = entry.next_seq
+            entry.next_seq = seq + 1
+            event.sequence = seq
+            event.attempt_id = attempt_id
+            event.create_time.seconds = seconds
+            event.create_time.nanos = nanos
+            ops.append((PUT_EVENT, event.rollout_id, seq, attempt_id, event.event_type, event_id,
+                        event.SerializeToString()))  # fmt: skip
+            if event_id:
+                if entry.event_ids is None:
+                    entry.event_ids = {}
+                entry.event_ids[event_id] = (seq, attempt_id)
+            sequences.append(seq)
+            attempts.append(attempt_id)
+        if ops:
+            self._write(ops)
+            self.events_appended += len(ops)
+        return sequences, attempts, self.last_lsn
+
+    async def list_events(
+        self, rollout_id: str, attempt_id: str, event_type: str, view: int, size: int, token: str
+    ) -> tuple[list[bytes], str]:
+        """Serialized events of one rollout, and the next page token."""
+        entry = self.entry(rollout_id)
+        size = page_size(size, 1000, 10000)
+        after = parse_token(token)
+        attempt = None if attempt_id == ALL_ATTEMPTS else (attempt_id or entry.rollout.status.attempt_id)
+        etype = event_type or None
+        if view == TRIPLET:
+            rows = self.triplet_events(rollout_id, attempt, etype)
+            rows = [(seq, data) for seq, data in rows if seq > after]
+        else:
+            rows = self.store.read_events(rollout_id, attempt, etype, after, size + 1)
+        more = len(rows) > size
+        rows = rows[:size]
+        return [data for _, data in rows], (str(rows[-1][0]) if more else "")
+
+    def triplet_events(self, rollout_id: str, attempt: str | None, event_type: str | None) -> list[tuple[int, bytes]]:
+        rows = self.store.read_events(rollout_id, attempt, event_type, 0, ALL_EVENTS)
+        view = triplet_view(event_pb2.Event.FromString(data) for _, data in rows)
+        return [(ev.sequence, ev.SerializeToString()) for ev in view]
+
+    # -- models ----------------------------------------------------------------------------------------------------
+
+    async def register_models(self, endpoints: list[model_pb2.ModelEndpoint]) -> list[model_pb2.ModelEndpoint]:
+        stored = self.models.upsert(endpoints, time.time_ns())
+        ops: list[Op] = [(PUT_MODEL, ep.model_name, ep.endpoint, ep.SerializeToString()) for ep in stored]
+        ops.append((PUT_META, META_MODELS_REVISION, self.models.revision))
+        await self.durable(self._write(ops))
+        for ep in stored:
+            log.info("model endpoint registered: %s at %s (version %d)", ep.model_name, ep.endpoint, ep.version)
+        return stored
+
+    async def delete_models(self, keys: list[model_pb2.ModelEndpointKey]) -> int:
+        found = self.models.matching(keys)
+        removed = self.models.delete(found)
+        if removed:
+            ops: list[Op] = [(DELETE_MODEL, name, endpoint) for name, endpoint in found]
+            ops.append((PUT_META, META_MODELS_REVISION, self.models.revision))
+            self._write(ops)
+            log.info("model endpoints deleted: %s", ", ".join(f"{n} at {e}" for n, e in found))
+        await self.durable(self.last_lsn)
+        return removed
+
+    # -- proxy control ---------------------------------------------------------------------------------------------
+
+    async def set_proxy_pause(
+        self, paused: bool, retry_after_seconds: int, reason: str
+    ) -> proxy_control_pb2.ProxyControl:
+        self.proxy.set_pause(paused, retry_after_seconds, reason, time.time_ns())
+        await self.durable(self._write([(PUT_META, META_PROXY_CONTROL, self.proxy.persisted())]))
+        log.info("proxies %s (generation %d)%s", "paused" if paused else "resumed", self.proxy.control.generation,
+                 f": {reason}" if reason else "")  # fmt: skip
+        return self.proxy.snapshot()
+
+    def report_proxy_replica(
+        self, replica_id: str, in_flight: int, observed_generation: int, ttl_seconds: float, leaving: bool
+    ) -> proxy_control_pb2.ProxyControl:
+        self.proxy.report(replica_id, in_flight, observed_generation, ttl_seconds, leaving, time.time_ns())
+        return self.proxy.snapshot()

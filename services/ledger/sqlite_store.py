@@ -1,0 +1,253 @@
+"""Durable store: SQLite in WAL mode with group commit.
+
+A single writer thread drains every write queued while the previous transaction was committing and commits
+them together in one transaction with `synchronous=FULL`, so one fsync covers many writes. A write's LSN is
+reported durable (and the caller's request acknowledged) only after its transaction committed. Reads run on
+a separate connection in the event loop's thread and see committed data only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from .errors import Unavailable
+from .store import (
+    DELETE_MODEL,
+    DELETE_ROLLOUT,
+    PUT_EVENT,
+    PUT_META,
+    PUT_MODEL,
+    PUT_ROLLOUT,
+    Loaded,
+    Op,
+    Store,
+    StoredRollout,
+)
+
+log = logging.getLogger(__name__)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS rollouts (
+    rollout_id TEXT PRIMARY KEY,
+    ordinal INTEGER NOT NULL,
+    terminal_cursor INTEGER,
+    data BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    rollout_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    attempt_id TEXT NOT NULL,
+    event_type TEXT NOT NULL,
+    event_id TEXT,
+    data BLOB NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS events_by_rollout ON events (rollout_id, seq);
+CREATE TABLE IF NOT EXISTS models (
+    model_name TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (model_name, endpoint)
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value);
+"""
+
+_SQL = {
+    PUT_ROLLOUT: "INSERT OR REPLACE INTO rollouts (rollout_id, ordinal, terminal_cursor, data) VALUES (?, ?, ?, ?)",
+    PUT_EVENT: "INSERT INTO events (rollout_id, seq, attempt_id, event_type, event_id, data) VALUES (?, ?, ?, ?, ?, ?)",
+    PUT_MODEL: "INSERT OR REPLACE INTO models (model_name, endpoint, data) VALUES (?, ?, ?)",
+    DELETE_MODEL: "DELETE FROM models WHERE model_name = ? AND endpoint = ?",
+    PUT_META: "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+}
+
+# At most this many writes go into one transaction (bounds the latency of a single commit).
+MAX_BATCH = 4096
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA busy_timeout=10000")
+    return conn
+
+
+class SqliteStore(Store):
+    def __init__(self, path: str | Path, *, on_failure: Callable[[BaseException], None] | None = None) -> None:
+        self._path = Path(path)
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._on_failure = on_failure
+        self._reader = _connect(self._path)
+        self._reader.executescript(SCHEMA)
+        self._queue: queue.SimpleQueue[tuple[int, list[Op]] | None] = queue.SimpleQueue()
+        self._next_lsn = 0
+        self._committed = 0
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._writer, name="ledger-sqlite-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def committed_lsn(self) -> int:
+        return self._committed
+
+    @property
+    def description(self) -> str:
+        return f"sqlite:{self._path}"
+
+    def load(self) -> Loaded:
+        loaded = Loaded()
+        cur = self._reader.execute("SELECT rollout_id, ordinal, terminal_cursor, data FROM rollouts ORDER BY ordinal")
+        loaded.rollouts = [StoredRollout(*row) for row in cur]
+        cur = self._reader.execute("SELECT rollout_id, MAX(seq) FROM events GROUP BY rollout_id")
+        loaded.event_heads = dict(cur.fetchall())
+        cur = self._reader.execute(
+            "SELECT rollout_id, event_id, seq, attempt_id FROM events WHERE event_id IS NOT NULL ORDER BY rowid"
+        )
+        loaded.event_ids = cur.fetchall()
+        loaded.models = [row[0] for row in self._reader.execute("SELECT data FROM models")]
+        loaded.meta = dict(self._reader.execute("SELECT key, value FROM meta").fetchall())
+        return loaded
+
+    def write(self, ops: list[Op]) -> int:
+        if self._failed is not None:
+            raise Unavailable(f"the ledger store failed: {self._failed}")
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        self._next_lsn += 1
+        self._queue.put((self._next_lsn, ops))
+        return self._next_lsn
+
+    async def wait(self, lsn: int) -> None:
+        if lsn <= self._committed:
+            return
+        if self._failed is not None:
+            raise Unavailable(f"the ledger store failed: {self._failed}")
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append((lsn, fut))
+        await fut
+
+    def read_events(
+        self, rollout_id: str, attempt_id: str | None, event_type: str | None, after_sequence: int, limit: int
+    ) -> list[tuple[int, bytes]]:
+        sql = "SELECT seq, data FROM events WHERE rollout_id = ? AND seq > ?"
+        args: list[object] = [rollout_id, after_sequence]
+        if attempt_id is not None:
+            sql += " AND attempt_id = ?"
+            args.append(attempt_id)
+        if event_type is not None:
+            sql += " AND event_type = ?"
+            args.append(event_type)
+        sql += " ORDER BY seq LIMIT ?"
+        args.append(limit)
+        return self._reader.execute(sql, args).fetchall()
+
+    async def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            await asyncio.to_thread(self._thread.join)
+        # Resolve waiters of the last batch (its callback may not have run before the loop is torn down).
+        self._committed_up_to(self._next_lsn if self._failed is None else self._committed)
+        self._reader.close()
+
+    # -- writer thread -------------------------------------------------------------------------------------------
+
+    def _writer(self) -> None:
+        conn = _connect(self._path)
+        try:
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    break
+                batch = [item]
+                stop = False
+                while len(batch) < MAX_BATCH:
+                    try:
+                        more = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is None:
+                        stop = True
+                        break
+                    batch.append(more)
+                self._commit(conn, batch)
+                if stop:
+                    break
+        except BaseException as exc:
+            log.critical("sqlite store %s failed; refusing further writes: %s", self._path, exc)
+            self._failed = exc
+            loop = self._loop
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(self._fail_waiters, exc)
+        finally:
+            conn.close()
+
+    def _commit(self, conn: sqlite3.Connection, batch: list[tuple[int, list[Op]]]) -> None:
+        started = time.perf_counter()
+        conn.execute("BEGIN")
+        try:
+            ops = [op for _lsn, item_ops in batch for op in item_ops]
+            n_ops = len(ops)
+            _apply(conn, ops)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        elapsed = time.perf_counter() - started
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            # RuntimeError: the loop closed between the check and the call (shutdown).
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._on_commit, batch[-1][0], elapsed, n_ops)
+
+    # -- event loop thread ---------------------------------------------------------------------------------------
+
+    def _on_commit(self, lsn: int, elapsed: float, n_ops: int) -> None:
+        self._committed_up_to(lsn)
+        if self.commit_observer is not None:
+            self.commit_observer(elapsed, n_ops)
+
+    def _committed_up_to(self, lsn: int) -> None:
+        if lsn > self._committed:
+            self._committed = lsn
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= self._committed:
+            fut = waiters.popleft()[1]
+            if not fut.done():
+                fut.set_result(None)
+
+    def _fail_waiters(self, exc: BaseException) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()[1]
+            if not fut.done():
+                fut.set_exception(Unavailable(f"the ledger store failed: {exc}"))
+        if self._on_failure is not None:
+            self._on_failure(exc)
+
+
+def _apply(conn: sqlite3.Connection, ops: list[Op]) -> None:
+    """Run ops in order, grouping runs of the same kind into one executemany."""
+    i, n = 0, len(ops)
+    while i < n:
+        kind = ops[i][0]
+        j = i + 1
+        while j < n and ops[j][0] == kind:
+            j += 1
+        rows = [op[1:] for op in ops[i:j]]
+        if kind == DELETE_ROLLOUT:
+            conn.executemany("DELETE FROM events WHERE rollout_id = ?", rows)
+            conn.executemany("DELETE FROM rollouts WHERE rollout_id = ?", rows)
+        elif kind == PUT_EVENT:
+            conn.executemany(_SQL[PUT_EVENT], [(r[0], r[1], r[2], r[3], r[4] or None, r[5]) for r in rows])
+        else:
+            conn.executemany(_SQL[kind], rows)
+        i = j

@@ -1,0 +1,67 @@
+"""Request validation shared by the core: JSON text fields, rollout specs and events."""
+
+from __future__ import annotations
+
+import json
+
+from services._gen.agl.v1 import event_pb2, rollout_pb2
+
+from .errors import InvalidArgument
+
+MAX_ID_LENGTH = 256
+MODEL_REQUEST = "model_request"
+REWARD = "reward"
+
+
+def check_json(text: str, field: str, where: str) -> None:
+    """Raise InvalidArgument naming `field` unless `text` is empty or valid JSON."""
+    if not text:
+        return
+    try:
+        json.loads(text)
+    except ValueError as exc:
+        raise InvalidArgument(f"{where}: {field} is not valid JSON: {exc}") from None
+
+
+def check_id(value: str, field: str, where: str) -> None:
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidArgument(f"{where}: {field} is longer than {MAX_ID_LENGTH} characters")
+
+
+def check_spec(spec: rollout_pb2.RolloutSpec, index: int) -> None:
+    where = f"rollouts[{index}]" + (f" ({spec.rollout_id})" if spec.rollout_id else "")
+    check_id(spec.rollout_id, "rollout_id", where)
+    check_json(spec.input_json, "input_json", where)
+    check_json(spec.metadata.data_json, "metadata.data_json", where)
+    if spec.config.timeout_seconds < 0:
+        raise InvalidArgument(f"{where}: config.timeout_seconds must not be negative")
+
+
+def check_event(event: event_pb2.Event, index: int) -> None:
+    """Validate one event of an append and fill an empty event_type from its payload."""
+    where = f"events[{index}]"
+    if not event.rollout_id:
+        raise InvalidArgument(f"{where}: rollout_id is required")
+    where = f"events[{index}] (rollout {event.rollout_id})"
+    check_id(event.event_id, "event_id", where)
+    check_id(event.attempt_id, "attempt_id", where)
+    payload = event.WhichOneof("payload")
+    if not event.event_type:
+        if payload == "model_request":
+            event.event_type = MODEL_REQUEST
+        elif payload == "reward":
+            event.event_type = REWARD
+        else:
+            raise InvalidArgument(f"{where}: event_type is required")
+    if payload == "model_request":
+        mr = event.model_request
+        check_json(mr.request_json, "model_request.request_json", where)
+        check_json(mr.response_json, "model_request.response_json", where)
+    elif payload == "reward":
+        if not event.reward.HasField("value"):
+            raise InvalidArgument(f"{where}: reward.value is required")
+        check_json(event.reward.data_json, "reward.data_json", where)
+    elif payload == "data_json":
+        check_json(event.data_json, "data_json", where)
+    if event.event_type == REWARD and payload != "reward":
+        raise InvalidArgument(f"{where}: a reward event needs the reward payload with reward.value")
