@@ -44,13 +44,13 @@ check-protos: protos
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/buf lint
 	$(VENV)/bin/buf format --diff --exit-code
-	$(VENV)/bin/ruff check services tests bench examples tools
-	$(VENV)/bin/ruff format --check services tests bench examples tools
+	$(VENV)/bin/ruff check services tests bench examples tools deploy
+	$(VENV)/bin/ruff format --check services tests bench examples tools deploy
 
 format: $(VENV)/.installed-dev
 	$(VENV)/bin/buf format -w
-	$(VENV)/bin/ruff check --fix services tests bench examples tools
-	$(VENV)/bin/ruff format services tests bench examples tools
+	$(VENV)/bin/ruff check --fix services tests bench examples tools deploy
+	$(VENV)/bin/ruff format services tests bench examples tools deploy
 
 bench: $(VENV)/.installed-dev
 	for b in bench/*_bench.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -1,0 +1,20 @@
+# The example agents, as run by Kubernetes Jobs (see examples/calc_agent/job.yaml.j2).
+# They need only the OpenAI SDK (and httpx, which it brings); nothing of AGL runs in this image.
+# Build from the repository root:  docker build -f deploy/docker/agents.Dockerfile -t agl-agents .
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+RUN groupadd --system --gid 10001 agl \
+    && useradd --system --uid 10001 --gid agl --home-dir /nonexistent --no-create-home agl
+
+# The version range of the `examples` extra in pyproject.toml.
+RUN pip install "openai>=1.60,<4"
+
+COPY examples /app/examples
+USER 10001:10001
+WORKDIR /app
+CMD ["python", "/app/examples/calc_agent/agent.py"]

@@ -1,0 +1,156 @@
+"""deploy/docker-compose.yaml: valid for Debian's docker-compose, and wired the way the services read it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+from google.protobuf import json_format
+
+from deploy import local_stack
+from services._gen.agl.v1 import ledger_service_pb2
+from tests.deploy.conftest import DEPLOY, REPO_ROOT, config_env_names
+
+COMPOSE = DEPLOY / "docker-compose.yaml"
+PROFILES = ("standin", "vllm", "ray")
+
+
+def _compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def _docker_compose(*args: str) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        pytest.fail("docker-compose is not installed (Debian: apt-get install docker-compose); it validates the file")
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("AGL_", "COMPOSE_"))}
+    return subprocess.run(
+        [binary, "-f", str(COMPOSE), *args], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+
+
+def test_docker_compose_accepts_the_file_with_every_profile() -> None:
+    profile_args = [arg for profile in PROFILES for arg in ("--profile", profile)]
+    result = _docker_compose(*profile_args, "config")
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)
+    assert set(resolved["services"]) == {
+        "ledger",
+        "proxy",
+        "controller",
+        "standin",
+        "register-standin",
+        "vllm",
+        "register-vllm",
+        "ray-head",
+    }
+    assert set(resolved["volumes"]) >= {"ledger-data"}
+
+
+def test_plain_up_starts_ledger_proxy_and_controller() -> None:
+    result = _docker_compose("config")
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    assert {name for name, svc in services.items() if not svc.get("profiles")} == {"ledger", "proxy", "controller"}
+
+
+def test_docker_compose_rejects_a_broken_file(tmp_path) -> None:
+    # The validation above means something: a typo in a key is an error.
+    broken = tmp_path / "docker-compose.yaml"
+    broken.write_text(COMPOSE.read_text().replace("depends_on:", "depend_on:", 1))
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        pytest.fail("docker-compose is not installed (Debian: apt-get install docker-compose)")
+    result = subprocess.run([binary, "-f", str(broken), "config", "-q"], capture_output=True, text=True, check=False)
+    assert result.returncode != 0
+    assert "depend_on" in result.stderr
+
+
+def test_ports_for_grpcurl_and_agents_are_published() -> None:
+    services = _compose()["services"]
+    assert any(str(p).endswith(":50051") for p in services["ledger"]["ports"])
+    assert any(str(p).endswith(":8080") for p in services["proxy"]["ports"])
+
+
+def test_ledger_store_lives_on_a_named_volume() -> None:
+    document = _compose()
+    ledger = document["services"]["ledger"]
+    store = ledger["environment"]["AGL_LEDGER_STORE"]
+    assert store.startswith("sqlite:")
+    mounts = dict(str(v).split(":", 1) for v in ledger["volumes"])
+    assert mounts["ledger-data"] == "/data" and store.removeprefix("sqlite:").startswith("/data/")
+    assert "ledger-data" in document["volumes"]
+
+
+def test_start_order_waits_for_health() -> None:
+    specs = local_stack.load_compose({}, PROFILES)
+    services = _compose()["services"]
+    for name, service in services.items():
+        for dep, condition in (service.get("depends_on") or {}).items():
+            assert condition == {"condition": "service_healthy"}, (name, dep)
+            has_check = "healthcheck" in services[dep] or (dep in specs and specs[dep].healthcheck)
+            assert has_check, f"{name} waits for {dep} to be healthy, but {dep} has no health check"
+    assert set(services["proxy"]["depends_on"]) == {"ledger"}
+    assert set(services["controller"]["depends_on"]) == {"ledger", "proxy"}
+
+
+def test_every_container_setting_is_one_its_service_reads() -> None:
+    scripts = local_stack.console_scripts()
+    for name, spec in local_stack.load_compose({}, PROFILES).items():
+        given = {key for key in spec.env if key.startswith("AGL_")}
+        module = scripts.get(spec.argv[0])
+        if module is None:  # ray-head: the trainer jobs it runs read these through their Hydra config
+            trainer_yaml = (REPO_ROOT / "services" / "trainer" / "config" / "agl_trainer.yaml").read_text()
+            read = set(re.findall(r"oc\.env:(AGL_[A-Z0-9_]+)", trainer_yaml))
+            assert given and given <= read, f"{name} is given {sorted(given - read)}, which the trainer never reads"
+            continue
+        read = config_env_names(module)
+        if name == "standin":  # the proxy image's own defaults ride along, unread
+            given -= {"AGL_PROXY_HOST", "AGL_PROXY_PORT"}
+        assert given <= read, f"{name} is given {sorted(given - read)}, which {module}/config.py never reads"
+
+
+def test_every_command_is_a_console_script_or_a_third_party_image() -> None:
+    scripts = local_stack.console_scripts()
+    specs = local_stack.load_compose({}, PROFILES)
+    assert {spec.argv[0] for spec in specs.values()} == {
+        "agl-ledger",
+        "agl-proxy",
+        "agl-controller",
+        "agl-standin-engine",
+        "ray",
+    }
+    for spec in specs.values():
+        assert spec.argv[0] in scripts or spec.argv[0] == "ray", spec
+    services = _compose()["services"]
+    third_party = {name for name, svc in services.items() if "build" not in svc and name not in specs}
+    assert third_party == {"register-standin", "vllm", "register-vllm"}
+
+
+@pytest.mark.parametrize(("service", "engine"), [("register-standin", "standin"), ("register-vllm", "vllm")])
+def test_engine_registration_is_a_valid_register_models_call(service: str, engine: str) -> None:
+    document = local_stack.interpolate_tree(_compose(), {})  # as compose interpolates it with nothing set
+    args = document["services"][service]["command"]
+    assert args[-2:] == ["ledger:50051", "agl.v1.LedgerService/RegisterModels"]
+    method = ledger_service_pb2.DESCRIPTOR.services_by_name["LedgerService"].methods_by_name["RegisterModels"]
+    assert method.input_type.full_name == "agl.v1.RegisterModelsRequest"
+    body = args[args.index("-d") + 1]
+    request = json_format.Parse(body, ledger_service_pb2.RegisterModelsRequest())
+    assert request.endpoints[0].model_name == "agl-policy"
+    assert request.endpoints[0].endpoint == f"http://{engine}:8000/v1"
+    assert json.loads(body)["endpoints"][0]["endpoint"].startswith("http://")
+
+
+def test_gpu_profiles_reserve_gpus() -> None:
+    services = _compose()["services"]
+    for name in ("vllm", "ray-head"):
+        devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["capabilities"] == ["gpu"], name
+    assert services["vllm"]["profiles"] == ["vllm"]
+    assert services["ray-head"]["profiles"] == ["ray"]
+    assert "8265:8265" in [str(p).split("-")[-1].replace("}", "") for p in services["ray-head"]["ports"]]

@@ -1,0 +1,60 @@
+"""`make demo` end to end, small: tools/demo.py starts the stack, runs two GRPO groups of the math agent,
+writes the trajectories, prints the summary, deletes what it consumed and stops everything it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Pids whose command line or environment mention text (the demo's services all carry its data dir)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            blob = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in blob:
+            found.append(int(proc.name))
+    return found
+
+
+def test_demo_runs_groups_writes_trajectories_and_cleans_up(tmp_path: Path) -> None:
+    data_dir, output_dir = tmp_path / "data", tmp_path / "out"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AGL_") and key != "ENGINE_URL"}
+    argv = [sys.executable, "tools/demo.py", "--samples", "2", "--group-size", "2", "--quiet"]
+    argv += ["--data-dir", str(data_dir), "--output-dir", str(output_dir), "--deadline", "120"]
+    result = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    (jsonl,) = output_dir.glob("demo-*.jsonl")
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert len(records) == 4
+    assert sorted(record["group"] for record in records) == ["g0", "g0", "g1", "g1"]
+    for record in records:
+        assert record["state"] == "succeeded" and record["reward"] == 1.0
+        (call,) = record["calls"]
+        assert call["prompt_token_ids"] and call["response_token_ids"]
+        assert len(call["response_logprobs"]) == len(call["response_token_ids"])
+
+    out = result.stdout
+    assert "rollouts: succeeded 4" in out
+    assert "deleted 4 consumed rollouts" in out
+    assert f"trajectories: {jsonl}" in out
+    assert "model calls captured: 4" in out
+    assert (data_dir / "ledger-data" / "ledger.db").is_file()
+    assert {p.name for p in (data_dir / "logs").glob("*.log")} == {
+        "ledger.log",
+        "proxy.log",
+        "controller.log",
+        "standin.log",
+    }
+    assert _processes_mentioning(str(data_dir)) == [], "the demo left processes running"

@@ -1,0 +1,281 @@
+"""`make demo`: the main job end to end on one machine, offline, in well under a few minutes.
+
+Starts the services of deploy/docker-compose.yaml as local processes with the compose commands and
+environment (deploy/local_stack.py): the ledger (SQLite under ./data), the proxy, the local controller and,
+unless ENGINE_URL names a real OpenAI-compatible engine, the vLLM-shaped stand-in engine. Registers the
+engine, runs a small dataset through the unmodified math example agent in GRPO groups (every task `--group-size`
+times, one group label per task) with live progress, consumes the terminal stream, writes the trajectories as
+JSONL, prints a summary, deletes the consumed rollouts and stops everything it started.
+
+    .venv/bin/python tools/demo.py [--samples 4] [--group-size 4] [--engine-url http://host:8000/v1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from deploy import local_stack  # noqa: E402
+from services._gen.agl.v1 import ledger_service_pb2, model_pb2, rollout_pb2  # noqa: E402
+from services.client import LedgerClient  # noqa: E402
+
+DEMO_LABEL = "agl-demo"
+MATH_AGENT = "examples.math_agent.agent:MathAgent"
+TASK_ENV = {"AGL_TASK_QUESTION": "input.question", "AGL_TASK_ANSWER": "input.answer"}
+STATE_NAMES = {
+    rollout_pb2.ROLLOUT_STATE_QUEUING: "queued",
+    rollout_pb2.ROLLOUT_STATE_RUNNING: "running",
+    rollout_pb2.ROLLOUT_STATE_SUCCEEDED: "succeeded",
+    rollout_pb2.ROLLOUT_STATE_FAILED: "failed",
+}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="demo", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--dataset", type=Path, default=REPO_ROOT / "examples" / "data" / "math.jsonl")
+    parser.add_argument("--agent-class", default=MATH_AGENT, help="agent class the controller runs")
+    parser.add_argument("--samples", type=int, default=4, help="tasks taken from the dataset")
+    parser.add_argument("--group-size", type=int, default=4, help="rollouts per task (one GRPO group)")
+    parser.add_argument("--engine-url", default=os.environ.get("ENGINE_URL", ""), help="real engine (ENGINE_URL)")
+    parser.add_argument("--data-dir", type=Path, default=Path("data"), help="ledger store and service logs")
+    parser.add_argument("--output-dir", type=Path, default=Path("demo-output"), help="trajectory JSONL files")
+    parser.add_argument("--rollout-timeout", type=float, default=60.0, help="seconds per rollout")
+    parser.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole run")
+    parser.add_argument("--quiet", action="store_true", help="no live progress lines")
+    return parser.parse_args(argv)
+
+
+def load_tasks(path: Path, count: int) -> list[dict[str, Any]]:
+    tasks = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not tasks:
+        raise SystemExit(f"{path}: no tasks")
+    return tasks[:count]
+
+
+def rollout_specs(
+    tasks: Sequence[Mapping[str, Any]], group_size: int, run_id: str, agent_class: str, timeout_s: float
+) -> list[rollout_pb2.RolloutSpec]:
+    """`group_size` rollouts per task, ids pre-assigned (create is then safe to retry), one group label per task."""
+    specs = []
+    for index, task in enumerate(tasks):
+        group = f"g{index}"
+        for sample in range(group_size):
+            labels = {"app": DEMO_LABEL, "run": run_id, "group": group, "sample": str(sample)}
+            specs.append(
+                rollout_pb2.RolloutSpec(
+                    rollout_id=f"{run_id}-{group}-{sample}",
+                    input_json=json.dumps(dict(task)),
+                    is_train=True,
+                    config=rollout_pb2.RolloutConfig(
+                        timeout_seconds=timeout_s,
+                        local=rollout_pb2.LocalLaunchConfig(agent_class=agent_class, env_map=TASK_ENV),
+                    ),
+                    metadata=rollout_pb2.RolloutMetadata(labels=labels),
+                )
+            )
+    return specs
+
+
+def trajectory(entry: Any) -> dict[str, Any]:
+    """One JSONL record: the rollout, its reward and its model calls (triplet view) with token ids."""
+    rollout = entry.rollout
+    record: dict[str, Any] = {
+        "rollout_id": rollout.rollout_id,
+        "group": rollout.metadata.labels.get("group", ""),
+        "state": STATE_NAMES.get(rollout.status.state, str(rollout.status.state)),
+        "error": rollout.status.error_message,
+        "input": json.loads(rollout.input_json or "null"),
+        "reward": None,
+        "calls": [],
+    }
+    for event in entry.events:
+        if event.event_type == "reward" and event.WhichOneof("payload") == "reward":
+            record["reward"] = event.reward.value if event.reward.HasField("value") else None
+        elif event.event_type == "model_request":
+            call = event.model_request
+            record["calls"].append(
+                {
+                    "prompt_token_ids": list(call.prompt_token_ids),
+                    "response_token_ids": list(call.response_token_ids),
+                    "response_logprobs": list(call.response_logprobs) if call.has_response_logprobs else None,
+                    "model": call.model,
+                    "model_version": call.model_version,
+                }
+            )
+    return record
+
+
+class Progress:
+    """Counts rollouts of the run by state from the rollout watch and prints a line when the counts change."""
+
+    def __init__(self, total: int, out: TextIO, quiet: bool) -> None:
+        self.total, self.out, self.quiet = total, out, quiet
+        self.states: dict[str, str] = {}
+        self.started = time.monotonic()
+        self._last = ""
+        self.tty = out.isatty()
+
+    def update(self, rollout_id: str, state: int) -> None:
+        self.states[rollout_id] = STATE_NAMES.get(state, "other")
+        if self.tty:
+            self.show()
+
+    def line(self) -> str:
+        counts = Counter(self.states.values())
+        parts = " ".join(f"{name} {counts.get(name, 0):>3}" for name in ("queued", "running", "succeeded", "failed"))
+        return f"[{time.monotonic() - self.started:6.1f}s] {parts}   (of {self.total})"
+
+    def show(self, final: bool = False) -> None:
+        """Writes the counts when they changed: on a terminal by rewriting one line, elsewhere as a new line."""
+        text = self.line()
+        counts = text.split("]", 1)[1]
+        if self.quiet or (counts == self._last and not final):
+            return
+        self._last = counts
+        end = "\n" if final or not self.tty else ""
+        self.out.write(("\r" if self.tty else "") + text + end)
+        self.out.flush()
+
+
+async def watch_progress(client: LedgerClient, run_id: str, progress: Progress) -> None:
+    """Feeds the rollout watch into progress; off a terminal, a line per second at most (when counts changed)."""
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            progress.show()
+
+    ticker = None if progress.tty else asyncio.create_task(tick())
+    try:
+        async for change in client.watch_rollouts(labels={"run": run_id}):
+            if change.rollout.rollout_id and change.type != ledger_service_pb2.ROLLOUT_CHANGE_TYPE_DELETE:
+                progress.update(change.rollout.rollout_id, change.rollout.status.state)
+    finally:
+        if ticker is not None:
+            ticker.cancel()
+
+
+async def consume_terminal(client: LedgerClient, run_id: str, total: int, sink: TextIO) -> list[dict[str, Any]]:
+    """Reads the run's terminal rollouts (with their triplet events) until all `total` arrived."""
+    records: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    async for entry in client.watch_terminal(labels={"run": run_id}, include_events=True):
+        if entry.rollout.rollout_id in seen:
+            continue
+        seen.add(entry.rollout.rollout_id)
+        record = trajectory(entry)
+        sink.write(json.dumps(record) + "\n")
+        sink.flush()
+        records.append(record)
+        if len(records) == total:
+            break
+    return records
+
+
+async def run_job(args: argparse.Namespace, ledger_address: str, key: str, model_name: str, engine_url: str) -> int:
+    """Registers the engine, enqueues the groups, follows them to the end, writes and summarizes. Exit code."""
+    run_id = f"demo-{uuid.uuid4().hex[:8]}"
+    tasks = load_tasks(args.dataset, args.samples)
+    specs = rollout_specs(tasks, args.group_size, run_id, args.agent_class, args.rollout_timeout)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    output = args.output_dir / f"{run_id}.jsonl"
+    async with LedgerClient(ledger_address, key=key or None) as client:
+        stale = await client.list_rollouts(labels={"app": DEMO_LABEL})
+        if stale:
+            await client.delete_rollouts([r.rollout_id for r in stale])
+            print(f"removed {len(stale)} rollouts left by an earlier demo run")
+        # The store outlives runs: endpoints an earlier run registered (a stand-in on another port) are gone.
+        await client.delete_models([model_pb2.ModelEndpointKey(model_name=model_name)])
+        await client.register_models([model_pb2.ModelEndpoint(model_name=model_name, endpoint=engine_url)])
+        print(f"engine {engine_url} registered as {model_name!r}")
+        await client.create_rollouts(specs)
+        print(f"run {run_id}: {len(tasks)} tasks x {args.group_size} samples = {len(specs)} rollouts queued")
+        progress = Progress(len(specs), sys.stdout, args.quiet)
+        watcher = asyncio.create_task(watch_progress(client, run_id, progress))
+        try:
+            with open(output, "w") as sink:
+                records = await asyncio.wait_for(consume_terminal(client, run_id, len(specs), sink), args.deadline)
+        except asyncio.TimeoutError:
+            progress.show(final=True)
+            print(f"deadline of {args.deadline:.0f}s passed before every rollout ended", file=sys.stderr)
+            return 1
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        for record in records:
+            progress.states[record["rollout_id"]] = record["state"]
+        progress.show(final=True)
+        deleted = await client.delete_rollouts([record["rollout_id"] for record in records])
+    print_summary(run_id, records, output, deleted)
+    return 0 if all(record["state"] == "succeeded" for record in records) else 1
+
+
+def print_summary(run_id: str, records: Sequence[Mapping[str, Any]], output: Path, deleted: int) -> None:
+    states = Counter(record["state"] for record in records)
+    by_group: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for record in records:
+        by_group[record["group"]].append(record)
+    calls = [call for record in records for call in record["calls"]]
+    print(f"\n== summary of {run_id} ==")
+    print("rollouts: " + ", ".join(f"{state} {count}" for state, count in sorted(states.items())))
+    print(f"{'group':<6} {'task':<10} {'question':<28} {'rewards':<20} mean")
+    for group in sorted(by_group, key=lambda name: int(name[1:]) if name[1:].isdigit() else 0):
+        items = sorted(by_group[group], key=lambda record: record["rollout_id"])
+        task = items[0]["input"] or {}
+        rewards = [record["reward"] for record in items]
+        known = [reward for reward in rewards if reward is not None]
+        mean = f"{sum(known) / len(known):.2f}" if known else "-"
+        shown = " ".join("-" if reward is None else f"{reward:g}" for reward in rewards)
+        print(f"{group:<6} {task.get('id', ''):<10} {task.get('question', '')[:28]:<28} {shown:<20} {mean}")
+    prompt_tokens = sum(len(call["prompt_token_ids"]) for call in calls)
+    response_tokens = sum(len(call["response_token_ids"]) for call in calls)
+    print(f"model calls captured: {len(calls)} (prompt tokens {prompt_tokens}, response tokens {response_tokens})")
+    for record in records:
+        if record["state"] != "succeeded":
+            print(f"  {record['rollout_id']}: {record['state']}: {record['error']}")
+    print(f"trajectories: {output}")
+    print(f"deleted {deleted} consumed rollouts from the ledger")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    variables = dict(os.environ)
+    profiles = [] if args.engine_url else ["standin"]
+    specs = local_stack.load_compose(variables, profiles)
+    wanted = ["ledger", "proxy", "controller"] + ([] if args.engine_url else ["standin"])
+    specs = {name: specs[name] for name in wanted}
+    data_dir = args.data_dir.resolve()
+    logs = data_dir / "logs"
+    overrides = {"controller": {"AGL_CONTROLLER_LOG_DIR": str(logs / "agents")}}
+    plans = local_stack.localize(specs, data_dir, overrides)
+    print(f"starting {', '.join(wanted)} (logs in {logs})")
+    with local_stack.run_stack(plans, local_stack.start_order(specs), logs) as running:
+        ledger = running["ledger"].address(int(specs["ledger"].env["AGL_LEDGER_PORT"]))
+        model_name = specs["proxy"].env["AGL_MODEL_NAME"]
+        if args.engine_url:
+            engine_url = args.engine_url
+        else:
+            engine_url = "http://{}/v1".format(
+                running["standin"].address(int(specs["standin"].env["AGL_STANDIN_PORT"]))
+            )
+        key = specs["ledger"].env.get("AGL_KEY", "")
+        code = asyncio.run(run_job(args, ledger, key, model_name, engine_url))
+        print("stopping the services")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
