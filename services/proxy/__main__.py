@@ -1,0 +1,32 @@
+"""agl-proxy: python -m services.proxy --port 8080 --ledger HOST:PORT --model-name NAME [--key K] ..."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from .app import create_app
+from .config import parse_config
+
+
+def main() -> None:
+    config = parse_config()
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    options = {
+        "host": config.host,
+        "port": config.port,
+        "log_level": config.log_level.lower(),
+        "access_log": False,
+        "timeout_keep_alive": 75,
+        "backlog": 4096,
+    }
+    if config.workers > 1:
+        uvicorn.run("services.proxy.app:app_from_argv", factory=True, workers=config.workers, **options)
+    else:
+        uvicorn.run(create_app(config), **options)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,297 @@
+"""The proxy's HTTP transport: a Starlette app wiring routes to the core, and the one place errors become HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from services.client import LedgerClient
+
+from .auth import Authorizer, presented_key
+from .calls import ModelCalls, Reply, StreamSession
+from .config import ProxyConfig, parse_config
+from .coordination import Coordinator
+from .errors import ProxyError
+from .gateway import LedgerGateway
+from .metrics import ProxyMetrics
+from .recording import agent_event
+from .retry import RetryPolicy
+from .rewrite import CHAT, COMPLETIONS, MODES, RewriteSettings, parse_body
+from .routing import RoutingTable
+from .upstream import Upstream
+
+log = logging.getLogger(__name__)
+
+_PREFIX = "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai/v1"
+_STARTUP_SYNC_S = 3.0
+
+
+class ProxyStream(Response):
+    """Streams a StreamSession to the agent while watching for the agent to disconnect."""
+
+    def __init__(self, session: StreamSession) -> None:
+        self.session = session
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"cache-control": "no-cache", "x-accel-buffering": "no"})
+        self.raw_headers.append((b"content-type", b"text/event-stream; charset=utf-8"))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_body(data: bytes) -> None:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+        pump = asyncio.ensure_future(self._pump(send, send_body))
+        listener = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait((pump, listener), return_when=asyncio.FIRST_COMPLETED)
+            if not pump.done():
+                pump.cancel()
+                await asyncio.wait((pump,))
+        finally:
+            listener.cancel()
+        if not pump.cancelled() and pump.exception() is not None:
+            log.error("stream of rollout %s failed", self.session._call.rollout_id, exc_info=pump.exception())
+        with contextlib.suppress(OSError):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _pump(self, send: Send, send_body: Any) -> None:
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        finally:
+            await self.session.run(send_body)
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class Proxy:
+    """The parts of one proxy process, built at startup."""
+
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self.metrics = ProxyMetrics()
+        self.auth = Authorizer(config.key)
+        self.client = LedgerClient(config.ledger, config.key, call_timeout_s=config.ledger_timeout_s)
+        self.gateway = LedgerGateway(self.client, config.rollout_cache_ttl_s, config.ledger_timeout_s)
+        replica_id = config.replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.coordinator = Coordinator(self.client, replica_id, config.heartbeat_s, config.replica_ttl_s, self.metrics)
+        self.routing = RoutingTable(config.model_name)
+        policy = RetryPolicy(config.retry_attempts, config.retry_initial_backoff_s, config.retry_max_backoff_s)
+        self.upstream = Upstream(
+            policy,
+            max_connections=config.max_connections,
+            connect_timeout_s=config.connect_timeout_s,
+            read_timeout_s=config.read_timeout_s,
+            api_key=config.engine_api_key,
+        )
+        settings = RewriteSettings(config.model_name, config.train_temperature, config.val_temperature, config.logprobs)
+        self.calls = ModelCalls(settings, self.gateway, self.coordinator, self.routing, self.upstream, self.metrics)
+        self._models_seen = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self.coordinator.start()
+        self._tasks.append(asyncio.create_task(self._follow_models()))
+        waits = [asyncio.ensure_future(e.wait()) for e in (self._models_seen, self.coordinator.synced)]
+        _, pending = await asyncio.wait(waits, timeout=_STARTUP_SYNC_S)
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.warning("ledger at %s not synced after %.0fs; serving anyway", self.config.ledger, _STARTUP_SYNC_S)
+        log.info(
+            "proxy replica %s serving model %s (%d endpoint(s)), ledger %s, auth %s",
+            self.coordinator.replica_id,
+            self.config.model_name,
+            len(self.routing.endpoints),
+            self.config.ledger,
+            "on" if self.auth.enabled else "off",
+        )
+
+    async def _follow_models(self) -> None:
+        def changed() -> None:
+            self.metrics.endpoints.set(len(self.routing.endpoints))
+            self._models_seen.set()
+
+        while True:
+            try:
+                await self.gateway.follow_models(self.routing, changed)
+            except Exception:
+                log.exception("models stream failed; retrying")
+                await asyncio.sleep(1.0)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.coordinator.stop()
+        await self.gateway.close()
+        await self.upstream.close()
+        await self.client.close()
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ProxyError("body_too_large", f"The body is larger than the limit of {limit} bytes.")
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ProxyError("body_too_large", f"The body is larger than the limit of {limit} bytes.")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _error_response(err: ProxyError) -> Response:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def create_app(config: ProxyConfig) -> Starlette:
+    proxy = Proxy(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await proxy.start()
+        try:
+            yield
+        finally:
+            await proxy.stop()
+
+    def scope_ids(request: Request) -> tuple[str, str]:
+        params = request.path_params
+        proxy.auth.require_rollout(presented_key(request.headers), params["rollout_id"], params["attempt_id"])
+        return params["rollout_id"], params["attempt_id"]
+
+    async def model_call(request: Request, api: str) -> Response:
+        rollout_id, attempt_id = scope_ids(request)
+        mode = request.path_params["mode"]
+        if mode not in MODES:
+            raise ProxyError("not_found", f"Unknown mode {mode!r}: use train or val.")
+        raw = await _read_body(request, config.max_body_bytes)
+        outcome = await proxy.calls.handle(rollout_id, attempt_id, mode, api, raw)
+        if isinstance(outcome, Reply):
+            return Response(outcome.body, status_code=outcome.status, headers=outcome.headers)
+        return ProxyStream(outcome)
+
+    async def chat(request: Request) -> Response:
+        return await model_call(request, CHAT)
+
+    async def completions(request: Request) -> Response:
+        return await model_call(request, COMPLETIONS)
+
+    async def models(request: Request) -> Response:
+        scope_ids(request)
+        card = {"id": config.model_name, "object": "model", "created": 0, "owned_by": "agl"}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def events(request: Request) -> Response:
+        rollout_id, attempt_id = scope_ids(request)
+        event = agent_event(rollout_id, attempt_id, parse_body(await _read_body(request, config.max_body_bytes)))
+        sequence = await proxy.gateway.append(event)
+        proxy.metrics.events.labels(event.event_type).inc()
+        return JSONResponse(
+            {"rollout_id": rollout_id, "attempt_id": attempt_id, "event_type": event.event_type, "sequence": sequence}
+        )
+
+    async def healthz(request: Request) -> Response:
+        status = {"status": "ok", "replica_id": proxy.coordinator.replica_id, "model": config.model_name}
+        status.update(endpoints=[e.url for e in proxy.routing.endpoints], paused=proxy.coordinator.paused)
+        status["in_flight"] = proxy.coordinator.in_flight
+        return JSONResponse(status)
+
+    async def metrics(request: Request) -> Response:
+        proxy.metrics.engine_connections.set(proxy.upstream.pool.opened)
+        proxy.metrics.append_batches.set(proxy.gateway.appends.batches)
+        return Response(generate_latest(proxy.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def admin_body(request: Request) -> dict[str, Any]:
+        proxy.auth.require_master(presented_key(request.headers))
+        raw = await _read_body(request, 64 * 1024)
+        return parse_body(raw) if raw.strip() else {}
+
+    def _int(body: dict[str, Any], name: str, default: int) -> int:
+        value = body.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ProxyError("invalid_request", f"`{name}` must be a non-negative number.")
+        return int(value)
+
+    async def pause(request: Request) -> Response:
+        body = await admin_body(request)
+        return JSONResponse(
+            await proxy.coordinator.pause(_int(body, "retry_after_seconds", 5), str(body.get("reason", "")))
+        )
+
+    async def resume(request: Request) -> Response:
+        await admin_body(request)
+        return JSONResponse(await proxy.coordinator.resume())
+
+    async def state(request: Request) -> Response:
+        await admin_body(request)
+        return JSONResponse(await proxy.coordinator.state())
+
+    async def drain(request: Request) -> Response:
+        body = await admin_body(request)
+        timeout = body.get("timeout_seconds", 60)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
+            raise ProxyError("invalid_request", "`timeout_seconds` must be a non-negative number.")
+        result = await proxy.coordinator.drain(
+            float(timeout), _int(body, "retry_after_seconds", 5), str(body.get("reason", ""))
+        )
+        return JSONResponse(result)
+
+    async def proxy_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ProxyError)
+        proxy.metrics.rejected.labels(exc.kind).inc()
+        if exc.status >= 500:
+            log.warning("%s %s -> %d %s", request.method, request.url.path, exc.status, exc.message)
+        return _error_response(exc)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found" if exc.status_code in (404, 405) else "invalid_request"
+        err = ProxyError(kind, f"{request.method} {request.url.path}: {exc.detail}")
+        return JSONResponse(err.body(), status_code=exc.status_code)
+
+    routes = [
+        Route(f"{_PREFIX}/chat/completions", chat, methods=["POST"]),
+        Route(f"{_PREFIX}/completions", completions, methods=["POST"]),
+        Route(f"{_PREFIX}/models", models, methods=["GET"]),
+        Route("/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", events, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/admin/pause", pause, methods=["POST"]),
+        Route("/admin/resume", resume, methods=["POST"]),
+        Route("/admin/state", state, methods=["GET"]),
+        Route("/admin/drain", drain, methods=["POST"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={ProxyError: proxy_error, HTTPException: http_error},
+    )
+    app.state.proxy = proxy
+    return app
+
+
+def app_from_argv() -> Starlette:
+    """Factory for uvicorn workers: each worker process rebuilds the config from the same flags and env."""
+    return create_app(parse_config())

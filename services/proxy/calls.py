@@ -1,0 +1,253 @@
+"""One model call, end to end: check, rewrite, forward (with retries), capture, record, answer.
+
+The model_request event is appended and acknowledged before the agent gets the answer (for streams: before the
+final [DONE]), so a reward posted afterwards is always ordered after the calls it rewards. If it cannot be
+recorded the agent gets an error instead of the answer: a call is never silently unrecorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from .capture import Capture, StreamAssembler, capture_response
+from .coordination import Coordinator
+from .errors import ProxyError
+from .gateway import LedgerGateway
+from .metrics import ProxyMetrics
+from .recording import ERROR, INCOMPLETE, OK, CallRecord, model_request_event
+from .rewrite import CHAT, RewriteSettings, parse_body, rewrite, validate
+from .routing import Endpoint, RoutingTable
+from .sse import DONE, SSESplitter
+from .upstream import Upstream
+
+log = logging.getLogger(__name__)
+
+API_PATHS = {CHAT: "/chat/completions", "completions": "/completions"}
+_STATUS_NAMES = {OK: "ok", ERROR: "error", INCOMPLETE: "incomplete"}
+
+
+@dataclass
+class Reply:
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=lambda: {"content-type": "application/json"})
+
+
+@dataclass
+class _Call:
+    rollout_id: str
+    attempt_id: str
+    api: str
+    request_json: str
+    started: float
+    stream: bool
+
+
+class ModelCalls:
+    def __init__(
+        self,
+        settings: RewriteSettings,
+        gateway: LedgerGateway,
+        coordinator: Coordinator,
+        routing: RoutingTable,
+        upstream: Upstream,
+        metrics: ProxyMetrics,
+    ) -> None:
+        self.settings = settings
+        self.gateway = gateway
+        self.coordinator = coordinator
+        self.routing = routing
+        self.upstream = upstream
+        self.metrics = metrics
+
+    async def handle(self, rollout_id: str, attempt_id: str, mode: str, api: str, raw: bytes) -> Reply | StreamSession:
+        body = parse_body(raw)
+        validate(body, api)
+        self.coordinator.enter()
+        handed_over = False
+        try:
+            await self.gateway.check_rollout(rollout_id)
+            endpoints = self.routing.ranked(rollout_id)
+            if not endpoints:
+                raise ProxyError(
+                    "no_endpoint", f"No engine endpoint is registered for model {self.settings.model_name}."
+                )
+            upstream_body = rewrite(body, api, mode, self.settings)
+            request_json = json.dumps(upstream_body)
+            stream = bool(upstream_body.get("stream"))
+            call = _Call(rollout_id, attempt_id, api, request_json, time.perf_counter(), stream)
+            result = await self.upstream.call(
+                endpoints, API_PATHS[api], request_json.encode(), stream=stream, rollout_id=rollout_id
+            )
+            if result.retries:
+                self.metrics.upstream_retries.inc(result.retries)
+            if result.error is not None:
+                error = result.error
+                await self.record(call, result.endpoint, result.retries, error.status, json.dumps(error.body()), ERROR)
+                raise error
+            response = result.response
+            assert response is not None
+            if stream and response.status_code < 300:
+                handed_over = True
+                return StreamSession(self, call, response, result.endpoint, result.retries)
+            content = response.content
+            capture, status = Capture(model=self.settings.model_name), ERROR
+            if response.status_code < 300:
+                try:
+                    capture, status = capture_response(json.loads(content), api), OK
+                except ValueError:
+                    log.warning("rollout %s: engine answered %d with a body that is not JSON", rollout_id, 200)
+            await self.record(
+                call,
+                result.endpoint,
+                result.retries,
+                response.status_code,
+                content.decode("utf-8", "replace"),
+                status,
+                capture,
+            )
+            headers = {"content-type": response.headers.get("content-type", "application/json")}
+            return Reply(response.status_code, content, headers)
+        finally:
+            if not handed_over:
+                self.coordinator.leave()
+
+    async def record(
+        self,
+        call: _Call,
+        endpoint: Endpoint,
+        retries: int,
+        http_status: int,
+        response_json: str,
+        status: int,
+        capture: Capture | None = None,
+    ) -> None:
+        latency = time.perf_counter() - call.started
+        record = CallRecord(
+            rollout_id=call.rollout_id,
+            attempt_id=call.attempt_id,
+            api=call.api,
+            stream=call.stream,
+            request_json=call.request_json,
+            response_json=response_json,
+            capture=capture or Capture(model=self.settings.model_name),
+            endpoint=endpoint.url,
+            model_version=endpoint.version,
+            latency_s=latency,
+            http_status=http_status,
+            retry_count=retries,
+            status=status,
+        )
+        started = time.perf_counter()
+        await self.gateway.append(model_request_event(record))
+        self.metrics.ledger_append_seconds.observe(time.perf_counter() - started)
+        self.metrics.calls.labels(call.api, _STATUS_NAMES[status]).inc()
+        self.metrics.call_seconds.labels(call.api).observe(latency)
+        if status != OK:
+            log.info(
+                "rollout %s: %s call recorded as %s (HTTP %d, %d retries)",
+                call.rollout_id,
+                call.api,
+                _STATUS_NAMES[status],
+                http_status,
+                retries,
+            )
+
+
+def _sse_error(err: ProxyError) -> bytes:
+    return b"data: " + json.dumps(err.body()).encode() + b"\n\n"
+
+
+class StreamSession:
+    """Forwards an engine's SSE stream as it arrives, assembles it, and records it before the final [DONE].
+
+    `run` is driven by the transport with a `send` for body bytes; when the agent goes away the transport
+    cancels `run`, which then records what it had with status INCOMPLETE.
+    """
+
+    def __init__(self, calls: ModelCalls, call: _Call, response: httpx.Response, endpoint: Endpoint, retries: int):
+        self._calls = calls
+        self._call = call
+        self._response = response
+        self._endpoint = endpoint
+        self._retries = retries
+        self.assembler = StreamAssembler(call.api)
+
+    async def run(self, send: Callable[[bytes], Awaitable[None]]) -> None:
+        splitter = SSESplitter()
+        done = False
+        failure: str | None = None
+        recording: asyncio.Future[None] | None = None
+        try:
+            try:
+                async for raw in self._response.aiter_raw():
+                    out = []
+                    for event in splitter.feed(raw):
+                        if event.data == DONE:
+                            done = True
+                            continue
+                        if event.data:
+                            self._feed(event.data)
+                        out.append(event.raw)
+                    if out:
+                        await send(b"".join(out))
+            except httpx.HTTPError as err:
+                failure = f"{type(err).__name__}: {err}"
+            if failure is None and not done:
+                failure = "the stream ended without [DONE]"
+            await self._response.aclose()
+            # Shielded: an agent leaving now must not cut an append that may already have reached the ledger.
+            recording = asyncio.ensure_future(self._record(OK if failure is None else ERROR))
+            await asyncio.shield(recording)
+        except asyncio.CancelledError:
+            await self._after_disconnect(recording)
+            return
+        except ProxyError as err:
+            await send(_sse_error(err))
+            return
+        finally:
+            await self._response.aclose()
+            self._calls.coordinator.leave()
+        if failure is not None:
+            log.warning("rollout %s: engine stream failed: %s", self._call.rollout_id, failure)
+            await send(_sse_error(ProxyError("upstream_unreachable", f"The engine stream failed: {failure}")))
+            return
+        await send(b"data: [DONE]\n\n")
+
+    async def _after_disconnect(self, recording: asyncio.Future[None] | None) -> None:
+        """The agent went away: record what was assembled as incomplete (or let a started record finish)."""
+        try:
+            if recording is not None:
+                await recording
+                return
+            await self._response.aclose()
+            await self._record(INCOMPLETE)
+        except ProxyError as err:
+            log.warning("rollout %s: could not record an interrupted stream: %s", self._call.rollout_id, err.message)
+
+    def _feed(self, data: bytes) -> None:
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            return
+        if isinstance(chunk, dict):
+            self.assembler.feed(chunk)
+
+    async def _record(self, status: int) -> None:
+        response_json = json.dumps(self.assembler.response())
+        await self._calls.record(
+            self._call,
+            self._endpoint,
+            self._retries,
+            self._response.status_code,
+            response_json,
+            status,
+            self.assembler.capture(),
+        )

@@ -1,0 +1,179 @@
+"""Pause, resume and drain across every proxy replica, coordinated through the ledger.
+
+The ledger holds one ProxyControl (paused, retry-after, reason, generation) and each replica's last report
+(in-flight calls, the generation it had applied). A replica follows WatchProxyControl, counts its calls, and
+reports on a heartbeat and at once when it applies a new generation or runs out of calls while paused.
+
+Correctness of drain: a call counts itself in flight *before* it looks at the pause flag, and a replica applies a
+generation before it reports that generation. So once every live replica has reported the paused generation with
+zero calls in flight, no call is running and none can start. A replica that dies stops reporting and drops out of
+the live set after its TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import grpc
+
+from services._gen.agl.v1 import proxy_control_pb2
+from services.client import LedgerClient
+
+from .errors import ProxyError, ledger_error
+from .metrics import ProxyMetrics
+
+log = logging.getLogger(__name__)
+_DRAIN_POLL_S = 0.05
+
+
+class Coordinator:
+    def __init__(
+        self, client: LedgerClient, replica_id: str, heartbeat_s: float, ttl_s: float, metrics: ProxyMetrics
+    ) -> None:
+        self.client = client
+        self.replica_id = replica_id
+        self.heartbeat_s = heartbeat_s
+        self.ttl_s = ttl_s
+        self.metrics = metrics
+        self.in_flight = 0
+        self.paused = False
+        self.retry_after = 5
+        self.reason = ""
+        self.generation = 0
+        self.synced = asyncio.Event()
+        self._report_now = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._report_failures = 0
+
+    # -- calls ------------------------------------------------------------------------------------------------
+
+    def enter(self) -> None:
+        """Counts a model call in, or refuses it with 429 while paused."""
+        self.in_flight += 1
+        if self.paused:
+            self.in_flight -= 1
+            message = "The proxy is paused" + (f" ({self.reason})" if self.reason else "") + "; retry later."
+            raise ProxyError("paused", message, headers={"Retry-After": str(self.retry_after)})
+        self.metrics.in_flight.set(self.in_flight)
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        self.metrics.in_flight.set(self.in_flight)
+        if self.paused and self.in_flight == 0:
+            self._report_now.set()
+
+    def apply(self, control: proxy_control_pb2.ProxyControl) -> None:
+        if control.generation < self.generation:
+            return
+        if control.generation != self.generation:
+            log.info(
+                "proxy control generation %d: %s%s",
+                control.generation,
+                "paused" if control.paused else "running",
+                f" ({control.reason})" if control.reason else "",
+            )
+            self._report_now.set()
+        self.paused = control.paused
+        self.retry_after = control.retry_after_seconds or 5
+        self.reason = control.reason
+        self.generation = control.generation
+        self.metrics.paused.set(1 if self.paused else 0)
+        self.synced.set()
+
+    # -- background -------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._watch()), asyncio.create_task(self._heartbeat())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self.client.report_proxy_replica(self.replica_id, 0, self.generation, self.ttl_s, leaving=True)
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                async for control in self.client.watch_proxy_control():
+                    self.apply(control)
+            except grpc.aio.AioRpcError as err:
+                log.warning("proxy control watch failed (%s); retrying", err.code().name)
+                await asyncio.sleep(1.0)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            try:
+                control = await self.client.report_proxy_replica(
+                    self.replica_id, self.in_flight, self.generation, self.ttl_s
+                )
+                self.apply(control)
+                if self._report_failures:
+                    log.info("replica %s reporting again", self.replica_id)
+                self._report_failures = 0
+            except grpc.aio.AioRpcError as err:
+                self._report_failures += 1
+                if self._report_failures in (1, 10) or self._report_failures % 100 == 0:
+                    log.warning("replica report failed %d time(s): %s", self._report_failures, err.code().name)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._report_now.wait(), self.heartbeat_s)
+            self._report_now.clear()
+
+    # -- management -------------------------------------------------------------------------------------------
+
+    async def _ledger(self, what: str, call: Any) -> proxy_control_pb2.ProxyControl:
+        try:
+            return await call
+        except grpc.aio.AioRpcError as err:
+            raise ledger_error(err.code().name, err.details() or "", what) from None
+
+    async def pause(self, retry_after_s: int, reason: str) -> dict[str, Any]:
+        control = await self._ledger("SetProxyPause", self.client.set_proxy_pause(True, retry_after_s, reason))
+        self.apply(control)
+        return self.describe(control)
+
+    async def resume(self) -> dict[str, Any]:
+        control = await self._ledger("SetProxyPause", self.client.set_proxy_pause(False, self.retry_after, ""))
+        self.apply(control)
+        return self.describe(control)
+
+    async def state(self) -> dict[str, Any]:
+        return self.describe(await self._ledger("GetProxyControl", self.client.get_proxy_control()))
+
+    async def drain(self, timeout_s: float, retry_after_s: int, reason: str) -> dict[str, Any]:
+        """Pauses (if not paused yet) and waits until no replica has a call in flight, or the timeout."""
+        started = time.monotonic()
+        if not self.paused:
+            await self.pause(retry_after_s, reason or "draining")
+        while True:
+            control = await self._ledger("GetProxyControl", self.client.get_proxy_control())
+            busy = [r for r in control.replicas if r.observed_generation < control.generation or r.in_flight > 0]
+            waited = time.monotonic() - started
+            if not control.paused or not busy or waited >= timeout_s:
+                drained = control.paused and not busy
+                result = self.describe(control)
+                result.update(drained=drained, waited_seconds=round(waited, 3))
+                log.info("drain %s after %.3fs", "complete" if drained else "incomplete", waited)
+                return result
+            await asyncio.sleep(min(_DRAIN_POLL_S, max(timeout_s - waited, 0.001)))
+
+    @staticmethod
+    def describe(control: proxy_control_pb2.ProxyControl) -> dict[str, Any]:
+        replicas = [
+            {"replica_id": r.replica_id, "in_flight": r.in_flight, "observed_generation": r.observed_generation}
+            for r in control.replicas
+        ]
+        return {
+            "paused": control.paused,
+            "retry_after_seconds": control.retry_after_seconds,
+            "reason": control.reason,
+            "generation": control.generation,
+            "in_flight": sum(r["in_flight"] for r in replicas),
+            "replicas": replicas,
+        }

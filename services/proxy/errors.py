@@ -1,0 +1,72 @@
+"""Domain errors of the proxy and the one table that maps them, and ledger (gRPC) statuses, to HTTP.
+
+Every error the agent sees is OpenAI-shaped: {"error": {"message", "type", "code"}} with the status of the table.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# kind -> (HTTP status, OpenAI error type). The kind is also the error's `code`.
+ERROR_TABLE: dict[str, tuple[int, str]] = {
+    "invalid_json": (400, "invalid_request_error"),
+    "invalid_request": (400, "invalid_request_error"),
+    "unauthorized": (401, "authentication_error"),
+    "not_found": (404, "not_found_error"),
+    "rollout_not_found": (404, "not_found_error"),
+    "rollout_terminal": (409, "conflict_error"),
+    "body_too_large": (413, "invalid_request_error"),
+    "invalid_event": (422, "invalid_request_error"),
+    "paused": (429, "rate_limit_error"),
+    "internal": (500, "internal_error"),
+    "upstream_unreachable": (502, "upstream_error"),
+    "no_endpoint": (503, "service_unavailable_error"),
+    "ledger_unavailable": (503, "service_unavailable_error"),
+    "upstream_timeout": (504, "upstream_error"),
+}
+
+# gRPC status name of a failed ledger call -> error kind. Anything else is logged and becomes "internal".
+LEDGER_STATUS_KINDS: dict[str, str] = {
+    "NOT_FOUND": "rollout_not_found",
+    "FAILED_PRECONDITION": "rollout_terminal",
+    "INVALID_ARGUMENT": "invalid_request",
+    "OUT_OF_RANGE": "invalid_request",
+    "UNAVAILABLE": "ledger_unavailable",
+    "DEADLINE_EXCEEDED": "ledger_unavailable",
+    "RESOURCE_EXHAUSTED": "ledger_unavailable",
+    "ABORTED": "ledger_unavailable",
+    "CANCELLED": "ledger_unavailable",
+}
+
+
+class ProxyError(Exception):
+    """An error answered to the agent; `kind` selects the HTTP status and error type from ERROR_TABLE."""
+
+    def __init__(self, kind: str, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        if kind not in ERROR_TABLE:
+            raise ValueError(f"unknown error kind {kind!r}")
+        self.kind = kind
+        self.message = message
+        self.headers = headers or {}
+
+    @property
+    def status(self) -> int:
+        return ERROR_TABLE[self.kind][0]
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": ERROR_TABLE[self.kind][1], "code": self.kind}}
+
+
+def ledger_error(status_name: str, details: str, what: str) -> ProxyError:
+    """The ProxyError for a ledger call `what` that failed with gRPC status `status_name`."""
+    kind = LEDGER_STATUS_KINDS.get(status_name)
+    if kind is None:
+        log.error("ledger %s failed with unexpected status %s: %s", what, status_name, details)
+        kind = "internal"
+    if kind == "ledger_unavailable":
+        return ProxyError(kind, f"The ledger is unavailable ({status_name}: {details}); the call was not recorded.")
+    return ProxyError(kind, details or f"{what} failed: {status_name}")

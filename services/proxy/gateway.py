@@ -1,0 +1,129 @@
+"""The proxy's side of the ledger: rollout checks (with a small status cache), appends, and the models stream.
+
+A call is checked before it is forwarded: unknown rollout -> 404, terminal -> 409, so no engine time is spent on
+it. The check reads a cache: terminal rollouts are remembered for good, live ones for a few seconds. The cache
+can be stale in one direction only (a rollout that just finished): the append uses reject_terminal, so such a
+call still gets 409 and leaves nothing in the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from services._gen.agl.v1 import event_pb2, rollout_pb2
+from services.client import LedgerClient
+
+from .append_stream import AppendStream
+from .errors import ProxyError, ledger_error
+from .routing import Endpoint, RoutingTable
+
+log = logging.getLogger(__name__)
+
+_TERMINAL = frozenset({rollout_pb2.ROLLOUT_STATE_SUCCEEDED, rollout_pb2.ROLLOUT_STATE_FAILED})
+_CACHE_SIZE = 100_000
+
+
+async def _translated(what: str, call: Awaitable[Any]) -> Any:
+    try:
+        return await call
+    except grpc.aio.AioRpcError as err:
+        raise ledger_error(err.code().name, err.details() or "", what) from None
+
+
+class LedgerGateway:
+    def __init__(self, client: LedgerClient, cache_ttl_s: float, append_timeout_s: float) -> None:
+        self.client = client
+        self.appends = AppendStream(client, timeout_s=append_timeout_s)
+        self._ttl = cache_ttl_s
+        self._states: OrderedDict[str, tuple[int, float]] = OrderedDict()  # rollout id -> (state, checked at)
+        self._pending: dict[str, asyncio.Future[int]] = {}
+
+    # -- rollouts ---------------------------------------------------------------------------------------------
+
+    async def check_rollout(self, rollout_id: str) -> None:
+        """Raises 404 for an unknown rollout, 409 for a finished one, 503 when the ledger cannot say."""
+        state = await self._state(rollout_id)
+        if state in _TERMINAL:
+            raise ProxyError(
+                "rollout_terminal", f"Rollout {rollout_id} has finished; it takes no more calls or events."
+            )
+
+    async def _state(self, rollout_id: str) -> int:
+        cached = self._states.get(rollout_id)
+        if cached is not None and (cached[0] in _TERMINAL or time.monotonic() - cached[1] < self._ttl):
+            return cached[0]
+        pending = self._pending.get(rollout_id)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pending[rollout_id] = future
+        try:
+            rollout = await _translated("GetRollout", self.client.get_rollout(rollout_id))
+        except ProxyError as err:
+            if err.kind == "rollout_not_found":
+                err = ProxyError("rollout_not_found", f"Rollout {rollout_id} does not exist.")
+            future.set_exception(err)
+            future.exception()  # marked as retrieved: waiters are optional
+            raise err from None
+        except BaseException:
+            future.cancel()
+            raise
+        finally:
+            del self._pending[rollout_id]
+        state = rollout.status.state
+        self._remember(rollout_id, state)
+        future.set_result(state)
+        return state
+
+    def _remember(self, rollout_id: str, state: int) -> None:
+        self._states[rollout_id] = (state, time.monotonic())
+        self._states.move_to_end(rollout_id)
+        while len(self._states) > _CACHE_SIZE:
+            self._states.popitem(last=False)
+
+    # -- events -----------------------------------------------------------------------------------------------
+
+    async def append(self, event: event_pb2.Event) -> int:
+        """Appends one event, refused when its rollout is terminal; returns its sequence."""
+        try:
+            response = await self.appends.append([event], reject_terminal=True)
+        except ProxyError as err:
+            if err.kind == "rollout_terminal":
+                self._remember(event.rollout_id, rollout_pb2.ROLLOUT_STATE_SUCCEEDED)
+                raise ProxyError(
+                    "rollout_terminal", f"Rollout {event.rollout_id} has finished; it takes no more calls or events."
+                ) from None
+            if err.kind == "rollout_not_found":
+                raise ProxyError("rollout_not_found", f"Rollout {event.rollout_id} does not exist.") from None
+            raise
+        return response.sequences[0] if response.sequences else 0
+
+    async def close(self) -> None:
+        await self.appends.close()
+
+    # -- models -----------------------------------------------------------------------------------------------
+
+    async def follow_models(self, table: RoutingTable, on_change: Callable[[], None]) -> None:
+        """Keeps the routing table equal to the registry's endpoint set for its model (runs until cancelled)."""
+        async for message in self.client.watch_models(table.model_name):
+            endpoints = [
+                Endpoint(url=e.endpoint, version=e.version)
+                for e in message.endpoints
+                if e.model_name == table.model_name
+            ]
+            table.update(endpoints, message.revision)
+            on_change()
+            log.info(
+                "model %s: %d endpoint(s) at revision %d: %s",
+                table.model_name,
+                len(endpoints),
+                message.revision,
+                ", ".join(f"{e.url}@v{e.version}" for e in table.endpoints) or "none",
+            )

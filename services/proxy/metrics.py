@@ -1,0 +1,43 @@
+"""Prometheus metrics of the proxy (served at /metrics on the proxy's own port)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class ProxyMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        buckets = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+        self.calls = Counter(
+            "agl_proxy_model_calls", "Model calls by api and outcome.", ["api", "outcome"], registry=self.registry
+        )
+        self.call_seconds = Histogram(
+            "agl_proxy_model_call_seconds", "Model call latency.", ["api"], buckets=buckets, registry=self.registry
+        )
+        self.upstream_retries = Counter(
+            "agl_proxy_upstream_retries", "Upstream attempts beyond the first.", registry=self.registry
+        )
+        self.rejected = Counter(
+            "agl_proxy_rejected", "Requests refused, by error code.", ["code"], registry=self.registry
+        )
+        self.events = Counter(
+            "agl_proxy_agent_events", "Agent events appended.", ["event_type"], registry=self.registry
+        )
+        self.ledger_append_seconds = Histogram(
+            "agl_proxy_ledger_append_seconds",
+            "Time to append and acknowledge one event.",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
+            registry=self.registry,
+        )
+        self.in_flight = Gauge("agl_proxy_in_flight", "Model calls in flight on this replica.", registry=self.registry)
+        self.paused = Gauge("agl_proxy_paused", "1 while the proxy is paused.", registry=self.registry)
+        self.endpoints = Gauge("agl_proxy_endpoints", "Endpoints known for the model.", registry=self.registry)
+        self.engine_connections = Gauge(
+            "agl_proxy_engine_connections_opened", "Connections opened to engines so far.", registry=self.registry
+        )
+        self.append_batches = Gauge(
+            "agl_proxy_ledger_append_batches",
+            "Append requests sent on the ledger stream so far.",
+            registry=self.registry,
+        )

@@ -1,0 +1,101 @@
+"""Builds the ledger events the proxy appends: one model_request per call, and the agents' own events."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from services._gen.agl.v1 import event_pb2
+
+from .capture import Capture
+from .errors import ProxyError
+
+OK = event_pb2.MODEL_REQUEST_STATUS_OK
+ERROR = event_pb2.MODEL_REQUEST_STATUS_ERROR
+INCOMPLETE = event_pb2.MODEL_REQUEST_STATUS_INCOMPLETE
+_REWARD_FIELDS = ("value", "message", "source", "reason")
+
+
+@dataclass
+class CallRecord:
+    """Everything known about one model call once it has ended."""
+
+    rollout_id: str
+    attempt_id: str
+    api: str
+    stream: bool
+    request_json: str
+    response_json: str
+    capture: Capture
+    endpoint: str
+    model_version: int
+    latency_s: float
+    http_status: int
+    retry_count: int
+    status: int
+
+
+def model_request_event(record: CallRecord) -> event_pb2.Event:
+    capture = record.capture
+    request = event_pb2.ModelRequest(
+        request_json=record.request_json,
+        response_json=record.response_json,
+        prompt_token_ids=capture.prompt_token_ids,
+        response_token_ids=capture.response_token_ids,
+        response_logprobs=capture.response_logprobs if capture.has_logprobs else (),
+        has_response_logprobs=capture.has_logprobs,
+        model=capture.model,
+        model_version=record.model_version,
+        endpoint=record.endpoint,
+        latency_seconds=record.latency_s,
+        http_status=record.http_status,
+        retry_count=record.retry_count,
+        finish_reason=capture.finish_reason,
+        status=record.status,
+        api=record.api,
+        stream=record.stream,
+    )
+    if capture.usage is not None:
+        request.usage.CopyFrom(event_pb2.TokenUsage(**capture.usage))
+    return event_pb2.Event(
+        rollout_id=record.rollout_id,
+        attempt_id=record.attempt_id,
+        event_type="model_request",
+        model_request=request,
+    )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def agent_event(rollout_id: str, attempt_id: str, payload: Any) -> event_pb2.Event:
+    """The event for a POST {"event_type": ..., "data": {...}} of an agent (422 when it is not acceptable)."""
+    if not isinstance(payload, dict):
+        raise ProxyError("invalid_event", "The body must be a JSON object with `event_type` and `data`.")
+    event_type = payload.get("event_type")
+    if not isinstance(event_type, str) or not event_type or event_type == "model_request":
+        raise ProxyError("invalid_event", "`event_type` must be a non-empty string other than model_request.")
+    data = payload.get("data", {})
+    event = event_pb2.Event(rollout_id=rollout_id, attempt_id=attempt_id, event_type=event_type)
+    event_id = payload.get("event_id")
+    if event_id is not None:
+        if not isinstance(event_id, str):
+            raise ProxyError("invalid_event", "`event_id` must be a string.")
+        event.event_id = event_id
+    if event_type != "reward":
+        event.data_json = json.dumps(data)
+        return event
+    if not isinstance(data, dict) or not _is_number(data.get("value")):
+        raise ProxyError("invalid_event", "A reward needs `data.value`, a finite number.")
+    reward = event.reward
+    reward.value = float(data["value"])
+    for name in _REWARD_FIELDS[1:]:
+        if data.get(name) is not None:
+            setattr(reward, name, str(data[name]))
+    extra = {k: v for k, v in data.items() if k not in _REWARD_FIELDS}
+    if extra:
+        reward.data_json = json.dumps(extra)
+    return event

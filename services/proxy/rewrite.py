@@ -1,0 +1,83 @@
+"""Request checks and rewriting per mode: the model, the temperature, token ids and log-probs are forced.
+
+Everything else (tools, tool_choice, response_format, stop, max_tokens, n, seed, extra vLLM fields) passes through.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ProxyError
+
+CHAT = "chat.completions"
+COMPLETIONS = "completions"
+MODES = ("train", "val")
+
+
+@dataclass(frozen=True)
+class RewriteSettings:
+    model_name: str
+    train_temperature: float | None
+    val_temperature: float | None
+    logprobs: bool = True
+    completion_logprobs: int = 1
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The JSON object of a request body (400 otherwise)."""
+    try:
+        body = json.loads(raw)
+    except ValueError as err:
+        raise ProxyError("invalid_json", f"The body is not valid JSON: {err}") from None
+    if not isinstance(body, dict):
+        raise ProxyError("invalid_json", "The body must be a JSON object.")
+    return body
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate(body: dict[str, Any], api: str) -> None:
+    """Rejects field values the proxy cannot forward or record faithfully (400)."""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise ProxyError("invalid_request", "`stream` must be a boolean.")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise ProxyError("invalid_request", "`stream_options` must be an object.")
+    n = body.get("n")
+    if n is not None and (not _is_int(n) or n < 1):
+        raise ProxyError("invalid_request", "`n` must be a positive integer.")
+    if api == CHAT:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ProxyError("invalid_request", "`messages` must be a non-empty list.")
+        if body.get("logprobs") is not None and not isinstance(body["logprobs"], bool):
+            raise ProxyError("invalid_request", "`logprobs` must be a boolean for chat completions.")
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str | list) or not prompt:
+            raise ProxyError("invalid_request", "`prompt` must be a non-empty string or list.")
+        logprobs = body.get("logprobs")
+        if logprobs is not None and (not _is_int(logprobs) or logprobs < 0):
+            raise ProxyError("invalid_request", "`logprobs` must be a non-negative integer for completions.")
+
+
+def rewrite(body: dict[str, Any], api: str, mode: str, settings: RewriteSettings) -> dict[str, Any]:
+    """The body to send upstream (a new dict; `body` is left as it is)."""
+    out = dict(body)
+    out["model"] = settings.model_name
+    temperature = settings.train_temperature if mode == "train" else settings.val_temperature
+    if temperature is not None:
+        out["temperature"] = temperature
+    if mode == "train":
+        out["return_token_ids"] = True
+        if settings.logprobs:
+            if api == CHAT:
+                out["logprobs"] = True
+            else:
+                out["logprobs"] = max(out.get("logprobs") or 0, settings.completion_logprobs)
+    return out

@@ -1,0 +1,104 @@
+"""Calls to the inference engines: one shared httpx client over a keep-alive pool, and the retry loop.
+
+The pool (engine_pool.EnginePool) keeps every connection it opens alive for reuse: httpx's default pool keeps
+only 20 idle connections, so above 20 concurrent calls it would close and reopen connections on nearly every call,
+and its bookkeeping is quadratic in the number of connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import httpx
+
+from .engine_pool import EnginePool
+from .errors import ProxyError
+from .retry import RetryPolicy, parse_retry_after
+from .routing import Endpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class UpstreamResult:
+    endpoint: Endpoint
+    retries: int
+    response: httpx.Response | None = None  # body read, except for an open 2xx stream
+    error: ProxyError | None = None  # set when no response could be had
+
+
+class Upstream:
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        *,
+        max_connections: int,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        api_key: str | None = None,
+    ) -> None:
+        self.policy = policy
+        timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=60.0, pool=read_timeout_s)
+        self._headers = {"content-type": "application/json"}
+        if api_key:
+            self._headers["authorization"] = f"Bearer {api_key}"
+        self.pool = EnginePool(max_connections=max_connections, keepalive_expiry_s=60.0)
+        # Identity encoding: streamed bodies are parsed as they arrive, so they must not be compressed.
+        self.client = httpx.AsyncClient(
+            transport=self.pool, timeout=timeout, trust_env=False, headers={"accept-encoding": "identity"}
+        )
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def call(
+        self, endpoints: list[Endpoint], path: str, content: bytes, *, stream: bool, rollout_id: str
+    ) -> UpstreamResult:
+        """Posts to the best endpoint, retrying retryable failures down the ranking, with backoff."""
+        attempts = self.policy.attempts
+        for attempt in range(attempts):
+            retries = attempt  # tries so far beyond the first
+            endpoint = endpoints[attempt % len(endpoints)]
+            last = attempt == attempts - 1
+            retry_after: float | None = None
+            error: ProxyError | None = None
+            request = self.client.build_request(
+                "POST", endpoint.url.rstrip("/") + path, content=content, headers=self._headers
+            )
+            response: httpx.Response | None = None
+            try:
+                response = await self.client.send(request, stream=True)
+                status = response.status_code
+                if not (stream and status < 300):
+                    await response.aread()
+                if status < 400 or last or not self.policy.retryable_status(status):
+                    return UpstreamResult(endpoint, retries, response=response)
+                retry_after = parse_retry_after(response.headers.get("retry-after"))
+                what = f"HTTP {status}"
+            except httpx.TimeoutException as err:
+                error = ProxyError("upstream_timeout", f"The engine at {endpoint.url} timed out: {type(err).__name__}.")
+                what = type(err).__name__
+            except httpx.TransportError as err:
+                error = ProxyError(
+                    "upstream_unreachable", f"The engine at {endpoint.url} failed: {type(err).__name__}: {err}"
+                )
+                what = type(err).__name__
+            finally:
+                if response is not None and not (stream and response.status_code < 300):
+                    await response.aclose()
+            if last:
+                log.warning("rollout %s: engine call failed after %d attempt(s): %s", rollout_id, attempts, what)
+                return UpstreamResult(endpoint, retries, error=error)
+            delay = self.policy.backoff(attempt + 1, retry_after)
+            log.info(
+                "rollout %s: engine %s answered %s; retry %d in %.3fs",
+                rollout_id,
+                endpoint.url,
+                what,
+                attempt + 1,
+                delay,
+            )
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")

@@ -1,0 +1,155 @@
+"""Starlette app of the stand-in engine: vLLM's OpenAI routes plus a few test knobs under /standin.
+
+Knobs: POST /standin/config {"delay_ms", "chunk_delay_ms", "fail_next", "fail_status"} changes behaviour at run
+time; GET /standin/requests lists the bodies received (newest last) with stream outcomes; DELETE clears them.
+A request may carry `"standin": {"status": 400, "message": "...", "delay_ms": N, "chunk_delay_ms": N}` to get
+that error or timing for itself only (vLLM ignores unknown fields, and the proxy passes them through).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .config import StandinConfig
+from .engine import EngineError, Generation, full_body, generate_chat, generate_completion, stream_chunks
+from .tokenizer import ToyTokenizer
+
+log = logging.getLogger(__name__)
+_KEPT_REQUESTS = 2000
+
+
+@dataclass
+class Knobs:
+    delay_ms: float
+    chunk_delay_ms: float
+    fail_next: int
+    fail_status: int
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    failed: int = 0
+    streams_completed: int = 0
+    streams_aborted: int = 0
+
+
+class Standin:
+    def __init__(self, config: StandinConfig) -> None:
+        self.model = config.model
+        self.tokenizer = ToyTokenizer()
+        self.knobs = Knobs(config.delay_ms, config.chunk_delay_ms, config.fail_first, config.fail_status)
+        self.stats = Stats()
+        self.received: deque[dict[str, Any]] = deque(maxlen=_KEPT_REQUESTS)
+
+    async def generate(self, request: Request, api: str) -> Response:
+        self.stats.requests += 1
+        try:
+            body = json.loads(await request.body())
+        except ValueError as err:
+            return self._error(EngineError(400, f"Invalid JSON body: {err}"))
+        if not isinstance(body, dict):
+            return self._error(EngineError(400, "The request body must be a JSON object."))
+        self.received.append({"path": request.url.path, "body": body})
+        knobs = body.get("standin") if isinstance(body.get("standin"), dict) else {}
+        if knobs.get("status"):
+            return self._error(EngineError(int(knobs["status"]), knobs.get("message", "Requested failure.")))
+        if self.knobs.fail_next > 0:
+            self.knobs.fail_next -= 1
+            return self._error(EngineError(self.knobs.fail_status, "Engine temporarily failing.", "ServiceUnavailable"))
+        try:
+            if api == "chat":
+                gen = generate_chat(body, self.model, self.tokenizer)
+            else:
+                gen = generate_completion(body, self.model, self.tokenizer)
+        except EngineError as err:
+            return self._error(err)
+        delay = float(knobs.get("delay_ms", self.knobs.delay_ms))
+        if body.get("stream"):
+            chunk_delay = float(knobs.get("chunk_delay_ms", self.knobs.chunk_delay_ms))
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(
+                self._stream(gen, include_usage, delay, chunk_delay), media_type="text/event-stream"
+            )
+        if delay > 0:
+            await asyncio.sleep(delay / 1000)
+        return JSONResponse(full_body(gen, self.tokenizer))
+
+    async def _stream(
+        self, gen: Generation, include_usage: bool, delay: float, chunk_delay: float
+    ) -> AsyncIterator[bytes]:
+        completed = False
+        try:
+            if delay > 0:
+                await asyncio.sleep(delay / 1000)
+            for k, chunk in enumerate(stream_chunks(gen, self.tokenizer, include_usage)):
+                if k and chunk_delay > 0:
+                    await asyncio.sleep(chunk_delay / 1000)
+                yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+            completed = True
+        finally:
+            if completed:
+                self.stats.streams_completed += 1
+            else:
+                self.stats.streams_aborted += 1
+
+    def _error(self, err: EngineError) -> Response:
+        self.stats.failed += 1
+        return JSONResponse(err.body(), status_code=err.status)
+
+
+def create_app(config: StandinConfig) -> Starlette:
+    standin = Standin(config)
+
+    async def chat(request: Request) -> Response:
+        return await standin.generate(request, "chat")
+
+    async def completions(request: Request) -> Response:
+        return await standin.generate(request, "completions")
+
+    async def models(request: Request) -> Response:
+        card = {"id": standin.model, "object": "model", "created": int(time.time()), "owned_by": "vllm"}
+        card.update(root=standin.model, parent=None, max_model_len=32768)
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def config_route(request: Request) -> Response:
+        if request.method == "POST":
+            for name, value in (await request.json()).items():
+                if not hasattr(standin.knobs, name):
+                    return JSONResponse({"error": f"unknown knob {name}"}, status_code=400)
+                setattr(standin.knobs, name, type(getattr(standin.knobs, name))(value))
+        return JSONResponse(asdict(standin.knobs))
+
+    async def requests_route(request: Request) -> Response:
+        if request.method == "DELETE":
+            standin.received.clear()
+            standin.stats = Stats()
+        return JSONResponse({**asdict(standin.stats), "received": list(standin.received)})
+
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/standin/config", config_route, methods=["GET", "POST"]),
+        Route("/standin/requests", requests_route, methods=["GET", "DELETE"]),
+    ]
+    app = Starlette(routes=routes)
+    app.state.standin = standin
+    return app

@@ -1,0 +1,156 @@
+"""The toy model: renders a prompt and decides the reply, deterministically.
+
+Behaviour (what example agents can rely on):
+- A question containing "A op B" (op one of + - * / x, or plus, minus, times, divided by; the last such
+  expression in the text) is answered "The answer is N." (N an integer when the result is whole).
+- When the request offers a calculator-like tool (name or description mentions calc, math, arith, eval or
+  compute), tool_choice is not "none" and the last message is the user's, the model calls that tool instead:
+  arguments {"a", "b", "op"} when the tool declares them, otherwise its first string parameter (or
+  "expression") gets the expression "A op B".
+- After a tool message it answers "The answer is {tool output}."
+- Anything else gets "OK. You said: {the first words of the last user message}".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+_NUMBER = r"-?\d+(?:\.\d+)?"
+_OPERATOR = "\\+|-|\\*|/|x|\u00d7|\u00f7|plus|minus|times|multiplied by|divided by"
+_MATH = re.compile(rf"({_NUMBER})\s*({_OPERATOR})\s*({_NUMBER})", re.IGNORECASE)
+_TOOLISH = re.compile(r"calc|math|arith|eval|compute", re.IGNORECASE)
+_SYMBOL = {"plus": "+", "minus": "-", "times": "*", "x": "*", "\u00d7": "*", "multiplied by": "*"}
+_SYMBOL.update({"\u00f7": "/", "divided by": "/"})
+_ECHO_WORDS = 12
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the model generates: `raw` is the generated text its tokens come from."""
+
+    raw: str
+    content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+def content_text(content: Any) -> str:
+    """Text of a message content: a string, or a list of parts whose text parts are joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return str(content)
+
+
+def render_chat(messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
+    """The chat template: one block per message, then the assistant header."""
+    parts: list[str] = []
+    if tools:
+        parts.append(f"<|tools|>\n{json.dumps(tools, sort_keys=True)}\n")
+    for message in messages:
+        text = content_text(message.get("content"))
+        if message.get("tool_calls"):
+            text += json.dumps(message["tool_calls"], sort_keys=True)
+        parts.append(f"<|{message.get('role', 'user')}|>\n{text}\n")
+    parts.append("<|assistant|>\n")
+    return "".join(parts)
+
+
+def solve(text: str) -> tuple[str, str] | None:
+    """(expression, result) of the last arithmetic question in text, or None."""
+    matches = list(_MATH.finditer(text))
+    if not matches:
+        return None
+    match = matches[-1]
+    left, operator, right = match.group(1), match.group(2).lower(), match.group(3)
+    symbol = _SYMBOL.get(operator, operator)
+    a, b = float(left), float(right)
+    if symbol == "+":
+        value = a + b
+    elif symbol == "-":
+        value = a - b
+    elif symbol == "*":
+        value = a * b
+    else:
+        if b == 0:
+            return f"{left} / {right}", "undefined"
+        value = a / b
+    result = str(int(value)) if value == int(value) else f"{value:.6g}"
+    return f"{left} {symbol} {right}", result
+
+
+def _pick_tool(tools: list[Any] | None, tool_choice: Any) -> dict[str, Any] | None:
+    if not tools or tool_choice == "none":
+        return None
+    functions = [tool.get("function", {}) for tool in tools if isinstance(tool, dict)]
+    if isinstance(tool_choice, dict):
+        wanted = tool_choice.get("function", {}).get("name")
+        return next((fn for fn in functions if fn.get("name") == wanted), None)
+    for fn in functions:
+        if _TOOLISH.search(f"{fn.get('name', '')} {fn.get('description', '')}"):
+            return fn
+    return functions[0] if tool_choice == "required" and functions else None
+
+
+def _tool_arguments(function: dict[str, Any], expression: str) -> dict[str, Any]:
+    properties = (function.get("parameters") or {}).get("properties") or {}
+    left, symbol, right = expression.split(" ")
+    if {"a", "b"} <= properties.keys():
+        arguments: dict[str, Any] = {"a": float(left), "b": float(right)}
+        for name in ("op", "operator", "operation"):
+            if name in properties:
+                arguments[name] = symbol
+        return arguments
+    name = next((key for key, spec in properties.items() if spec.get("type") == "string"), "expression")
+    return {name: expression}
+
+
+def _tool_call(function: dict[str, Any], expression: str) -> Reply:
+    arguments = json.dumps(_tool_arguments(function, expression))
+    call_id = f"chatcmpl-tool-{zlib.crc32((function.get('name', '') + arguments).encode()):08x}"
+    call = ToolCall(call_id=call_id, name=function.get("name", ""), arguments=arguments)
+    raw = f'<tool_call>\n{{"name": {json.dumps(call.name)}, "arguments": {arguments}}}\n</tool_call>'
+    return Reply(raw=raw, content=None, tool_calls=[call])
+
+
+def _answer(text: str) -> str:
+    solved = solve(text)
+    if solved is not None:
+        return f"The answer is {solved[1]}."
+    words = text.split()[:_ECHO_WORDS]
+    return "OK. You said: " + " ".join(words) if words else "OK."
+
+
+def chat_reply(messages: list[dict[str, Any]], tools: list[Any] | None, tool_choice: Any) -> Reply:
+    last = messages[-1] if messages else {}
+    if last.get("role") == "tool":
+        text = f"The answer is {content_text(last.get('content')).strip()}."
+        return Reply(raw=text, content=text)
+    user_text = content_text(last.get("content"))
+    function = _pick_tool(tools, tool_choice) if last.get("role") == "user" else None
+    solved = solve(user_text)
+    if function is not None and solved is not None:
+        return _tool_call(function, solved[0])
+    text = _answer(user_text)
+    return Reply(raw=text, content=text)
+
+
+def completion_reply(prompt: str) -> str:
+    """Continuation of a plain-text prompt (answers the last arithmetic question in it, if any)."""
+    if solve(prompt) is not None:
+        return " " + _answer(prompt)
+    lines = [line for line in prompt.splitlines() if line.strip()]
+    return " " + _answer(lines[-1] if lines else prompt)
