@@ -1,0 +1,93 @@
+"""agl-controller: wiring only (config, logging, metrics server, runner, signal handling)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from prometheus_client import start_http_server
+
+from services.client import LedgerClient
+
+from .config import ControllerConfig, load_config
+from .controller import Controller
+from .metrics import ControllerMetrics
+from .runner import Runner
+
+log = logging.getLogger("services.controller")
+
+
+def build_runner(config: ControllerConfig) -> Runner:
+    if config.runner == "k8s":
+        from .k8s_api import KubeJobs, load_api_client
+        from .k8s_runner import K8sRunner
+        from .rate_limit import TokenBucket
+
+        rate = config.max_jobs_per_minute / 60.0
+        return K8sRunner(
+            KubeJobs(load_api_client(config.kubeconfig), config.namespace),
+            agent_url=config.agent_url,
+            key=config.key,
+            controller_id=config.controller_id,
+            default_timeout_s=config.default_timeout_s,
+            ttl_seconds_after_finished=config.job_ttl_s,
+            bucket=TokenBucket(rate, min(float(config.job_burst), max(config.max_jobs_per_minute, 1.0))),
+            reconcile_interval_s=config.reconcile_interval_s,
+        )
+    from .local_runner import LocalRunner
+
+    return LocalRunner(
+        agent_url=config.agent_url,
+        key=config.key,
+        log_dir=Path(config.log_dir).resolve(),
+        base_env=config.agent_base_env,
+        default_timeout_s=config.default_timeout_s,
+        kill_grace_s=config.kill_grace_s,
+        python=config.python,
+        workdir=Path(config.workdir) if config.workdir else None,
+    )
+
+
+async def serve(config: ControllerConfig) -> None:
+    metrics = ControllerMetrics()
+    if config.metrics_port:
+        start_http_server(config.metrics_port, addr=config.metrics_host, registry=metrics.registry)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    ledger = LedgerClient(config.ledger, key=config.key)
+    controller = Controller(
+        ledger,
+        build_runner(config),
+        controller_id=config.controller_id,
+        max_concurrency=config.max_concurrency,
+        metrics=metrics,
+        label_selector=config.label_selector,
+        shutdown_timeout_s=config.kill_grace_s + 15.0,
+    )
+    log.info(
+        "controller %s: runner %s, ledger %s, agents reach the proxy at %s, max concurrency %d",
+        config.controller_id,
+        config.runner,
+        config.ledger,
+        config.agent_url,
+        config.max_concurrency,
+    )
+    try:
+        await controller.run(stop)
+    finally:
+        await ledger.close()
+    log.info("controller %s stopped", config.controller_id)
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = load_config(argv)
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

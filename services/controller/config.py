@@ -1,0 +1,154 @@
+"""Controller settings: one frozen object built from flags, each defaulting to an AGL_* environment variable.
+
+| flag | env | default |
+|---|---|---|
+| --ledger | AGL_LEDGER_ADDR | 127.0.0.1:50051 |
+| --proxy-url | AGL_PROXY_URL | http://127.0.0.1:8080 |
+| --agent-url | AGL_AGENT_URL | (the proxy URL) — proxy URL as the agents reach it |
+| --runner | AGL_CONTROLLER_RUNNER | local (local or k8s) |
+| --max-concurrency | AGL_CONTROLLER_MAX_CONCURRENCY | 32 attempts at once |
+| --label-selector | AGL_CONTROLLER_LABEL_SELECTOR | none; "k=v,k2=v2" takes only rollouts with these labels |
+| --controller-id | AGL_CONTROLLER_ID | host name; keep it stable across restarts (reconciliation uses it) |
+| --key | AGL_KEY | none; the master key (agents get per-rollout tokens, never this) |
+| --default-timeout | AGL_CONTROLLER_DEFAULT_TIMEOUT | 3600 s, for rollouts whose config sets none |
+| --metrics-host / --metrics-port | AGL_CONTROLLER_METRICS_HOST / _PORT | 0.0.0.0 / 9465 (0 disables) |
+| --log-level | AGL_LOG_LEVEL | INFO |
+| local: --log-dir | AGL_CONTROLLER_LOG_DIR | ./agl-rollout-logs (one log file per rollout) |
+| local: --kill-grace | AGL_CONTROLLER_KILL_GRACE | 5 s between SIGTERM and SIGKILL |
+| local: --workdir | AGL_CONTROLLER_WORKDIR | the controller's working directory |
+| k8s: --kubeconfig | AGL_KUBECONFIG | in-cluster config, else ~/.kube/config |
+| k8s: --namespace | AGL_CONTROLLER_NAMESPACE | default |
+| k8s: --max-jobs-per-minute | AGL_CONTROLLER_MAX_JOBS_PER_MINUTE | 120 (0: unlimited) |
+| k8s: --job-burst | AGL_CONTROLLER_JOB_BURST | 10 Jobs created back to back at most |
+| k8s: --job-ttl | AGL_CONTROLLER_JOB_TTL | 600 s (ttlSecondsAfterFinished) |
+| k8s: --reconcile-interval | AGL_CONTROLLER_RECONCILE_INTERVAL | 30 s between full re-lists of Jobs |
+
+Local agents inherit the controller's environment minus every AGL_* variable, plus §3 and env_map.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    ledger: str
+    proxy_url: str
+    agent_url: str
+    runner: str
+    max_concurrency: int
+    controller_id: str
+    label_selector: Mapping[str, str]
+    key: str | None = field(repr=False)
+    default_timeout_s: float
+    metrics_host: str
+    metrics_port: int
+    log_level: str
+    log_dir: str
+    kill_grace_s: float
+    workdir: str
+    kubeconfig: str
+    namespace: str
+    max_jobs_per_minute: float
+    job_burst: int
+    job_ttl_s: int
+    reconcile_interval_s: float
+    # The environment local agents start from (AGL_* removed); never logged.
+    agent_base_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    python: str = sys.executable
+
+
+def parse_label_selector(text: str) -> dict[str, str]:
+    """ "k=v,k2=v2" -> {"k": "v", "k2": "v2"}."""
+    selector: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--label-selector: {part!r} is not key=value")
+        selector[key.strip()] = value.strip()
+    return selector
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    def default(name: str, fallback: str) -> str:
+        return env.get(name, fallback)
+
+    parser = argparse.ArgumentParser(prog="agl-controller", description=__doc__.splitlines()[0])
+    parser.add_argument("--ledger", default=default("AGL_LEDGER_ADDR", "127.0.0.1:50051"))
+    parser.add_argument("--proxy-url", default=default("AGL_PROXY_URL", "http://127.0.0.1:8080"))
+    parser.add_argument("--agent-url", default=default("AGL_AGENT_URL", ""), help="proxy URL as agents reach it")
+    parser.add_argument("--runner", choices=("local", "k8s"), default=default("AGL_CONTROLLER_RUNNER", "local"))
+    parser.add_argument("--max-concurrency", type=int, default=int(default("AGL_CONTROLLER_MAX_CONCURRENCY", "32")))
+    parser.add_argument(
+        "--label-selector",
+        default=default("AGL_CONTROLLER_LABEL_SELECTOR", ""),
+        help="only rollouts with these labels: k=v,k2=v2",
+    )
+    parser.add_argument("--controller-id", default=default("AGL_CONTROLLER_ID", socket.gethostname()))
+    parser.add_argument("--key", default=default("AGL_KEY", ""), help="master key (default: none)")
+    parser.add_argument(
+        "--default-timeout", type=float, default=float(default("AGL_CONTROLLER_DEFAULT_TIMEOUT", "3600"))
+    )
+    parser.add_argument("--metrics-host", default=default("AGL_CONTROLLER_METRICS_HOST", "0.0.0.0"))
+    parser.add_argument("--metrics-port", type=int, default=int(default("AGL_CONTROLLER_METRICS_PORT", "9465")))
+    parser.add_argument("--log-level", default=default("AGL_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-dir", default=default("AGL_CONTROLLER_LOG_DIR", "agl-rollout-logs"))
+    parser.add_argument("--kill-grace", type=float, default=float(default("AGL_CONTROLLER_KILL_GRACE", "5")))
+    parser.add_argument("--workdir", default=default("AGL_CONTROLLER_WORKDIR", ""))
+    parser.add_argument("--kubeconfig", default=default("AGL_KUBECONFIG", ""))
+    parser.add_argument("--namespace", default=default("AGL_CONTROLLER_NAMESPACE", "default"))
+    parser.add_argument(
+        "--max-jobs-per-minute", type=float, default=float(default("AGL_CONTROLLER_MAX_JOBS_PER_MINUTE", "120"))
+    )
+    parser.add_argument("--job-burst", type=int, default=int(default("AGL_CONTROLLER_JOB_BURST", "10")))
+    parser.add_argument("--job-ttl", type=int, default=int(default("AGL_CONTROLLER_JOB_TTL", "600")))
+    parser.add_argument(
+        "--reconcile-interval", type=float, default=float(default("AGL_CONTROLLER_RECONCILE_INTERVAL", "30"))
+    )
+    return parser
+
+
+def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> ControllerConfig:
+    env = os.environ if env is None else env
+    parser = build_parser(env)
+    args = parser.parse_args(argv)
+    if args.max_concurrency < 1:
+        parser.error("--max-concurrency must be at least 1")
+    if args.default_timeout <= 0:
+        parser.error("--default-timeout must be positive")
+    if not args.controller_id:
+        parser.error("--controller-id must not be empty")
+    try:
+        selector = parse_label_selector(args.label_selector)
+    except ValueError as err:
+        parser.error(str(err))
+    return ControllerConfig(
+        ledger=args.ledger,
+        proxy_url=args.proxy_url,
+        agent_url=args.agent_url or args.proxy_url,
+        runner=args.runner,
+        max_concurrency=args.max_concurrency,
+        controller_id=args.controller_id,
+        label_selector=selector,
+        key=args.key or None,
+        default_timeout_s=args.default_timeout,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        log_level=args.log_level.upper(),
+        log_dir=args.log_dir,
+        kill_grace_s=args.kill_grace,
+        workdir=args.workdir,
+        kubeconfig=args.kubeconfig,
+        namespace=args.namespace,
+        max_jobs_per_minute=args.max_jobs_per_minute,
+        job_burst=args.job_burst,
+        job_ttl_s=args.job_ttl,
+        reconcile_interval_s=args.reconcile_interval,
+        agent_base_env={k: v for k, v in env.items() if not k.startswith("AGL_")},
+    )

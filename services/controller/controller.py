@@ -1,0 +1,326 @@
+"""The controller loop: follow the ledger's queuing stream, claim with compare-and-set, launch, report.
+
+Rollouts arrive by the WatchRollouts(states=[QUEUING]) stream (never by polling). Each one is claimed
+(queuing -> running with attempt id, launcher reference and controller id, compare-and-set on its version)
+before anything is launched, so two controllers never launch one rollout. At most max_concurrency attempts
+run at once; the next queued rollout starts the moment one ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+
+import grpc
+
+from services._gen.agl.v1 import ledger_service_pb2 as pb
+from services._gen.agl.v1 import rollout_pb2
+from services.client import LedgerClient, LedgerError
+
+from .metrics import ControllerMetrics
+from .outcome import INVALID_CONFIG, SHUTDOWN, ConfigError, Outcome
+from .runner import LaunchPlan, Runner
+
+log = logging.getLogger(__name__)
+
+QUEUING = rollout_pb2.ROLLOUT_STATE_QUEUING
+RUNNING = rollout_pb2.ROLLOUT_STATE_RUNNING
+SUCCEEDED = rollout_pb2.ROLLOUT_STATE_SUCCEEDED
+FAILED = rollout_pb2.ROLLOUT_STATE_FAILED
+
+# The claim lost: someone else changed or took the rollout.
+_LOST = frozenset({grpc.StatusCode.ABORTED, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND})
+_RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+SHUTDOWN_REASON = "controller shutdown"
+
+
+class Controller:
+    def __init__(
+        self,
+        ledger: LedgerClient,
+        runner: Runner,
+        *,
+        controller_id: str,
+        max_concurrency: int,
+        metrics: ControllerMetrics,
+        label_selector: Mapping[str, str] | None = None,
+        report_retry_s: float = 600.0,
+        shutdown_timeout_s: float = 30.0,
+    ) -> None:
+        self._ledger = ledger
+        self._runner = runner
+        self._id = controller_id
+        self._max = max(1, max_concurrency)
+        self._metrics = metrics
+        self._labels = dict(label_selector or {})
+        self._report_retry_s = report_retry_s
+        self._shutdown_timeout_s = shutdown_timeout_s
+        self._pending: dict[str, rollout_pb2.Rollout] = {}
+        self._live: dict[str, asyncio.Task[None]] = {}
+        self._stopping = False
+
+    # -- main loop -------------------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Runs until `stop` is set (or the queuing stream fails for good), then shuts down."""
+        await self._runner.start()
+        watch: asyncio.Task[None] | None = None
+        try:
+            stopper = asyncio.create_task(stop.wait())
+            recovered = asyncio.create_task(self._recover())
+            await asyncio.wait({stopper, recovered}, return_when=asyncio.FIRST_COMPLETED)
+            if not stop.is_set():
+                recovered.result()
+                watch = asyncio.create_task(self._watch(), name="watch-queuing")
+                await asyncio.wait({stopper, watch}, return_when=asyncio.FIRST_COMPLETED)
+            recovered.cancel()
+            stopper.cancel()
+        finally:
+            await self._shutdown(watch)
+        if watch is not None and watch.done() and not watch.cancelled() and watch.exception() is not None:
+            raise watch.exception()  # type: ignore[misc]
+
+    async def _recover(self) -> None:
+        """Rollouts an earlier run of this controller left running: the runner adopts them or explains the loss."""
+        while True:
+            try:
+                rollouts = await self._ledger.list_rollouts(states=[RUNNING], controller_id=self._id)
+                break
+            except LedgerError as err:
+                if err.code() not in _RETRYABLE:
+                    raise
+                log.warning("ledger unavailable while reconciling (%s); retrying", err.details())
+                await asyncio.sleep(1.0)
+        if rollouts:
+            log.info("reconciling %d rollout(s) left running by controller %s", len(rollouts), self._id)
+        for rollout in rollouts:
+            self._start_task(rollout.rollout_id, self._resume(rollout))
+
+    async def _watch(self) -> None:
+        synced = False
+        async for message in self._ledger.watch_rollouts(states=[QUEUING], labels=self._labels):
+            if message.type == pb.ROLLOUT_CHANGE_TYPE_SNAPSHOT:
+                if synced:  # the client started over with a fresh snapshot: what we hold may be stale
+                    self._pending.clear()
+                    synced = False
+                self._offer(message.rollout)
+            elif message.type == pb.ROLLOUT_CHANGE_TYPE_SYNCED:
+                synced = True
+            elif message.type == pb.ROLLOUT_CHANGE_TYPE_UPSERT:
+                if message.rollout.status.state == QUEUING:
+                    self._offer(message.rollout)
+                else:
+                    self._pending.pop(message.rollout.rollout_id, None)
+            elif message.type == pb.ROLLOUT_CHANGE_TYPE_DELETE:
+                self._pending.pop(message.rollout.rollout_id, None)
+            self._fill()
+
+    def _offer(self, rollout: rollout_pb2.Rollout) -> None:
+        # Kept even while a handler for the same rollout runs: a claim that lost to a newer version of a still
+        # queuing rollout is retried with that version once the handler is done.
+        self._pending[rollout.rollout_id] = rollout
+
+    def _offer_later(self, rollout: rollout_pb2.Rollout, delay_s: float = 1.0) -> None:
+        """After a transient ledger error: try the rollout again in a moment (the claim is a CAS, so it is safe)."""
+
+        def offer() -> None:
+            if not self._stopping and rollout.rollout_id not in self._pending:
+                self._offer(rollout)
+                self._fill()
+
+        asyncio.get_running_loop().call_later(delay_s, offer)
+
+    def _fill(self) -> None:
+        """Starts queued rollouts while slots are free (called on every change and whenever a slot frees)."""
+        busy: list[rollout_pb2.Rollout] = []
+        while self._pending and len(self._live) < self._max and not self._stopping:
+            rollout_id = next(iter(self._pending))
+            rollout = self._pending.pop(rollout_id)
+            if rollout_id in self._live:
+                busy.append(rollout)
+            else:
+                self._start_task(rollout_id, self._handle(rollout))
+        for rollout in busy:
+            self._pending[rollout.rollout_id] = rollout
+
+    def _start_task(self, rollout_id: str, coro: object) -> None:
+        task = asyncio.create_task(coro, name=f"rollout-{rollout_id}")  # type: ignore[arg-type]
+        self._live[rollout_id] = task
+        task.add_done_callback(lambda done: self._task_done(rollout_id, done))
+
+    def _task_done(self, rollout_id: str, task: asyncio.Task[None]) -> None:
+        if self._live.get(rollout_id) is task:
+            del self._live[rollout_id]
+        if not task.cancelled() and (err := task.exception()) is not None:
+            log.error("rollout %s: handler crashed: %r", rollout_id, err, exc_info=err)
+        self._fill()
+
+    # -- one rollout -----------------------------------------------------------------------------------------
+
+    async def _handle(self, rollout: rollout_pb2.Rollout) -> None:
+        rollout_id = rollout.rollout_id
+        attempt_id = uuid.uuid4().hex
+        try:
+            plan = self._runner.prepare(rollout, attempt_id)
+        except ConfigError as err:
+            await self._fail_queued(rollout, str(err))
+            return
+        except Exception as err:  # a config the checks above missed must not leave the rollout queued forever
+            log.exception("rollout %s: cannot prepare its launch", rollout_id)
+            await self._fail_queued(rollout, f"unusable rollout config: {type(err).__name__}: {err}")
+            return
+        await self._runner.admit()
+        if self._stopping:
+            return
+        claim = asyncio.create_task(self._claim(rollout, plan))
+        try:
+            claimed = await asyncio.shield(claim)
+        except asyncio.CancelledError:
+            if await claim:
+                await self._report(rollout_id, Outcome.failure(SHUTDOWN, SHUTDOWN_REASON))
+            raise
+        if not claimed:
+            return
+        await self._run(plan, rollout)
+
+    async def _resume(self, rollout: rollout_pb2.Rollout) -> None:
+        self._metrics.running.inc()
+        try:
+            outcome = await self._runner.resume(rollout)
+        finally:
+            self._metrics.running.dec()
+        await self._report(rollout.rollout_id, outcome)
+
+    async def _claim(self, rollout: rollout_pb2.Rollout, plan: LaunchPlan) -> bool:
+        rollout_id = rollout.rollout_id
+        try:
+            await self._ledger.update_status(
+                rollout_id,
+                RUNNING,
+                attempt_id=plan.attempt_id,
+                launcher_ref=plan.launcher_ref,
+                controller_id=self._id,
+                expected_version=rollout.status.version,
+            )
+            log.info("rollout %s: claimed (attempt %s)", rollout_id, plan.attempt_id)
+            return True
+        except LedgerError as err:
+            code, details = err.code(), err.details()
+        # A retried claim whose first try applied also ends here: the rollout then is ours.
+        try:
+            current = await self._ledger.get_rollout(rollout_id)
+        except LedgerError as err:
+            if code not in _LOST:
+                log.warning("rollout %s: claim failed (%s: %s), state unknown (%s)", rollout_id, code, details, err)
+                self._offer_later(rollout)
+            return False
+        status = current.status
+        if status.state == RUNNING and status.attempt_id == plan.attempt_id and status.controller_id == self._id:
+            log.info("rollout %s: claimed (attempt %s, confirmed on re-read)", rollout_id, plan.attempt_id)
+            return True
+        if code in _LOST:
+            self._metrics.claim_conflicts.inc()
+            log.debug("rollout %s: taken by someone else (%s)", rollout_id, code.name)
+        else:
+            log.warning("rollout %s: claim failed: %s: %s", rollout_id, code.name, details)
+            if status.state == QUEUING:
+                self._offer_later(current)
+        return False
+
+    async def _fail_queued(self, rollout: rollout_pb2.Rollout, reason: str) -> None:
+        """An unusable config fails the rollout at once (queuing -> failed), unless someone else got to it."""
+        rollout_id = rollout.rollout_id
+        try:
+            await self._ledger.update_status(
+                rollout_id,
+                FAILED,
+                error_message=reason,
+                controller_id=self._id,
+                expected_version=rollout.status.version,
+            )
+        except LedgerError as err:
+            if err.code() not in _LOST:
+                log.warning("rollout %s: could not fail it (%s): %s", rollout_id, err.code().name, err.details())
+                self._offer_later(rollout)
+            return
+        self._metrics.failed.labels(INVALID_CONFIG).inc()
+        log.info("rollout %s: failed before launch: %s", rollout_id, reason)
+
+    async def _run(self, plan: LaunchPlan, rollout: rollout_pb2.Rollout) -> None:
+        def on_launched() -> None:
+            self._metrics.launched.inc()
+            enqueued = rollout.status.create_time.ToNanoseconds() / 1e9
+            if enqueued > 0:
+                self._metrics.launch_latency.observe(max(time.time() - enqueued, 0.0))
+
+        self._metrics.running.inc()
+        try:
+            outcome = await self._runner.run(plan, on_launched)
+        except asyncio.CancelledError:
+            # Local agents die with the controller. A Job (even one whose creation was in flight) is left to the
+            # next run, which adopts it or reports it missing.
+            if self._runner.kills_on_shutdown:
+                await asyncio.shield(self._report(plan.rollout_id, Outcome.failure(SHUTDOWN, SHUTDOWN_REASON)))
+            raise
+        except Exception as err:
+            log.exception("rollout %s: runner error", plan.rollout_id)
+            outcome = Outcome.failure("internal", f"controller error: {type(err).__name__}: {err}")
+        finally:
+            self._metrics.running.dec()
+        await self._report(plan.rollout_id, outcome)
+
+    async def _report(self, rollout_id: str, outcome: Outcome) -> None:
+        state = SUCCEEDED if outcome.succeeded else FAILED
+        deadline = time.monotonic() + self._report_retry_s
+        while True:
+            try:
+                await self._ledger.update_status(rollout_id, state, error_message=outcome.reason)
+                break
+            except LedgerError as err:
+                if err.code() in _RETRYABLE and time.monotonic() < deadline:
+                    await asyncio.sleep(1.0)
+                    continue
+                if err.code() == grpc.StatusCode.FAILED_PRECONDITION and await self._already(rollout_id, state):
+                    break  # a retry whose first try had applied
+                log.warning(
+                    "rollout %s: could not report %s (%s: %s)",
+                    rollout_id,
+                    rollout_pb2.RolloutState.Name(state),
+                    err.code().name,
+                    err.details(),
+                )
+                return
+        if outcome.succeeded:
+            self._metrics.succeeded.inc()
+            log.info("rollout %s: succeeded", rollout_id)
+        else:
+            self._metrics.failed.labels(outcome.kind or "other").inc()
+            log.info("rollout %s: failed: %s", rollout_id, outcome.reason)
+
+    async def _already(self, rollout_id: str, state: int) -> bool:
+        try:
+            return (await self._ledger.get_rollout(rollout_id)).status.state == state
+        except LedgerError:
+            return False
+
+    # -- shutdown --------------------------------------------------------------------------------------------
+
+    async def _shutdown(self, watch: asyncio.Task[None] | None) -> None:
+        """Stop claiming; local agents are killed and their rollouts failed, Jobs are left for the next run."""
+        self._stopping = True
+        self._pending.clear()
+        if watch is not None:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watch
+        tasks = list(self._live.values())
+        if tasks:
+            log.info("shutting down: stopping %d live rollout(s)", len(tasks))
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks, timeout=self._shutdown_timeout_s)
+        await self._runner.close()

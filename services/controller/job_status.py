@@ -1,0 +1,63 @@
+"""Pure mapping from a Job (and its pods) as the API server reports them to the attempt's outcome."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .outcome import JOB_FAILED, VANISHED, Outcome, timed_out
+
+_MAX_DETAIL = 1500
+
+
+def job_outcome(job: Mapping[str, Any]) -> Outcome | None:
+    """Succeeded on Complete, failed on Failed (DeadlineExceeded -> timeout), None while it still runs."""
+    name = (job.get("metadata") or {}).get("name", "?")
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("status") != "True":
+            continue
+        if condition.get("type") == "Complete":
+            return Outcome.success()
+        if condition.get("type") == "Failed":
+            reason = condition.get("reason") or "Failed"
+            message = condition.get("message") or ""
+            if reason == "DeadlineExceeded":
+                deadline = (job.get("spec") or {}).get("activeDeadlineSeconds") or 0
+                return timed_out(float(deadline), f"(Job {name}: {message or reason})")
+            text = f"Job {name} failed: {reason}"
+            return Outcome.failure(JOB_FAILED, f"{text}: {message}" if message else text)
+    return None
+
+
+def vanished(namespace: str, name: str) -> Outcome:
+    return Outcome.failure(VANISHED, f"Job {namespace}/{name} vanished before it finished")
+
+
+def describe_pods(pods: Sequence[Mapping[str, Any]]) -> str:
+    """How the Job's containers ended, e.g. "container agent exited with code 3 (Error)"."""
+    parts: list[str] = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        for container in status.get("containerStatuses") or []:
+            terminated = (container.get("state") or {}).get("terminated")
+            if not terminated:
+                continue
+            text = f"container {container.get('name', '?')} exited with code {terminated.get('exitCode', '?')}"
+            if terminated.get("reason"):
+                text += f" ({terminated['reason']})"
+            if terminated.get("message"):
+                text += f": {terminated['message']}"
+            parts.append(text)
+        if not parts and status.get("reason"):
+            parts.append(f"pod {(pod.get('metadata') or {}).get('name', '?')}: {status['reason']}")
+    return "; ".join(parts)
+
+
+def with_detail(outcome: Outcome, detail: str, log_tail: str = "") -> Outcome:
+    """The outcome with pod details and the last log lines appended (bounded length)."""
+    reason = outcome.reason
+    if detail:
+        reason += f"; {detail}"
+    if log_tail.strip():
+        reason += f"; log tail: {log_tail.strip()[-_MAX_DETAIL:]}"
+    return Outcome(outcome.succeeded, reason[: _MAX_DETAIL * 2], outcome.kind)

@@ -1,0 +1,234 @@
+"""Local runner: one subprocess per rollout, in its own process group, output to a per-rollout log file."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from services._gen.agl.v1 import rollout_pb2
+
+from .agent_env import agent_env, resolve_env_map
+from .launch_target import local_argv
+from .outcome import SPAWN_ERROR, VANISHED, Outcome, exit_outcome, timed_out
+from .runner import LaunchPlan, template_context, timeout_of
+
+log = logging.getLogger(__name__)
+
+_TAIL_BYTES = 4096
+_MAX_LAST_LINE = 300
+_HEADER = "=== agl rollout "
+
+
+@dataclass(frozen=True)
+class LocalLaunch:
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    pid_path: Path
+
+
+def file_stem(rollout_id: str) -> str:
+    """A file name for the rollout: its id when that is safe, else a safe part plus a hash."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", rollout_id)[:100].lstrip(".")
+    if safe == rollout_id and safe:
+        return safe
+    return f"{safe}-{hashlib.sha256(rollout_id.encode()).hexdigest()[:10]}"
+
+
+def last_line(path: Path) -> str:
+    """The last non-empty line of a log file (bounded), or ""."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(handle.tell() - _TAIL_BYTES, 0))
+            lines = handle.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if line.startswith(_HEADER):
+            return ""  # the agent wrote nothing after its start line
+        if line.strip():
+            return line.strip()[:_MAX_LAST_LINE]
+    return ""
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Start time of a live process (clock ticks since boot), to tell it from a later one with the same pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    # fields[0] is field 3 of stat (the state; a zombie counts as gone), fields[19] field 22 (start time).
+    if len(fields) <= 19 or fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def _signal_group(pgid: int, signum: int) -> bool:
+    """Sends signum to the process group; False when the group is gone."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        log.warning("not allowed to signal process group %d", pgid)
+        return False
+    return True
+
+
+class LocalRunner:
+    """Runs each attempt as `argv` with the controller's environment, §3 and env_map; kills the group on timeout."""
+
+    name = "local"
+    kills_on_shutdown = True
+
+    def __init__(
+        self,
+        *,
+        agent_url: str,
+        key: str | None,
+        log_dir: Path,
+        base_env: Mapping[str, str],
+        default_timeout_s: float,
+        kill_grace_s: float,
+        python: str,
+        workdir: Path | None = None,
+    ) -> None:
+        self._agent_url = agent_url
+        self._key = key
+        self._log_dir = log_dir
+        self._base_env = dict(base_env)
+        self._default_timeout_s = default_timeout_s
+        self._kill_grace_s = kill_grace_s
+        self._python = python
+        self._workdir = workdir
+
+    async def start(self) -> None:
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+
+    async def close(self) -> None:
+        return None
+
+    def log_path(self, rollout_id: str) -> Path:
+        return self._log_dir / f"{file_stem(rollout_id)}.log"
+
+    def _pid_path(self, rollout_id: str) -> Path:
+        return self._log_dir / f"{file_stem(rollout_id)}.pid"
+
+    def prepare(self, rollout: rollout_pb2.Rollout, attempt_id: str) -> LaunchPlan:
+        local = rollout.config.local
+        argv = local_argv(list(local.command), local.agent_class, self._python)
+        extra = resolve_env_map(dict(local.env_map), template_context(rollout, attempt_id))
+        env = {**self._base_env, **extra}
+        env.update(agent_env(self._agent_url, rollout.rollout_id, attempt_id, rollout.is_train, self._key))
+        log_path = self.log_path(rollout.rollout_id)
+        launch = LocalLaunch(argv=argv, env=env, log_path=log_path, pid_path=self._pid_path(rollout.rollout_id))
+        return LaunchPlan(
+            rollout_id=rollout.rollout_id,
+            attempt_id=attempt_id,
+            launcher_ref=f"local:{log_path}",
+            timeout_s=timeout_of(rollout, self._default_timeout_s),
+            detail=launch,
+        )
+
+    async def admit(self) -> None:
+        return None
+
+    async def run(self, plan: LaunchPlan, launched: Callable[[], None]) -> Outcome:
+        launch: LocalLaunch = plan.detail
+        where = f"(log: {launch.log_path})"
+        with open(launch.log_path, "ab") as log_file:
+            log_file.write(f"{_HEADER}{plan.rollout_id} attempt {plan.attempt_id}: ".encode())
+            log_file.write(f"{shlex.join(launch.argv)}\n".encode(errors="replace"))
+            log_file.flush()
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *launch.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=launch.env,
+                    cwd=self._workdir,
+                    start_new_session=True,
+                )
+            except (OSError, ValueError) as err:
+                log.warning("rollout %s: spawn error: %s", plan.rollout_id, err)
+                return Outcome.failure(SPAWN_ERROR, f"spawn error: cannot start {launch.argv[0]!r}: {err} {where}")
+        self._write_pid(launch.pid_path, proc.pid, plan.attempt_id)
+        log.info("rollout %s: attempt %s started as pid %d", plan.rollout_id, plan.attempt_id, proc.pid)
+        launched()
+        try:
+            try:
+                returncode = await asyncio.wait_for(proc.wait(), plan.timeout_s)
+            except TimeoutError:
+                log.info("rollout %s: timed out after %gs; killing its process group", plan.rollout_id, plan.timeout_s)
+                await self._kill_group(proc)
+                return timed_out(plan.timeout_s, where)
+            except asyncio.CancelledError:
+                await asyncio.shield(self._kill_group(proc))
+                raise
+            # Leftover children of a finished agent do not outlive its rollout.
+            _signal_group(proc.pid, signal.SIGKILL)
+        finally:
+            with contextlib.suppress(OSError):
+                launch.pid_path.unlink()
+        outcome = exit_outcome(returncode, where)
+        if not outcome.succeeded and (line := last_line(launch.log_path)):
+            outcome = Outcome(False, f"{outcome.reason}: {line}", outcome.kind)
+        log.info("rollout %s: agent exited with %d", plan.rollout_id, returncode)
+        return outcome
+
+    async def _kill_group(self, proc: asyncio.subprocess.Process) -> None:
+        """SIGTERM to the group, SIGKILL to whatever is left of it after the grace period."""
+        pgid = proc.pid
+        if _signal_group(pgid, signal.SIGTERM):
+            deadline = time.monotonic() + self._kill_grace_s
+            while time.monotonic() < deadline and _signal_group(pgid, 0):
+                await asyncio.sleep(0.05)
+        _signal_group(pgid, signal.SIGKILL)
+        await proc.wait()
+
+    def _write_pid(self, path: Path, pid: int, attempt_id: str) -> None:
+        record = {"pid": pid, "start_ticks": process_start_ticks(pid), "attempt_id": attempt_id}
+        try:
+            path.write_text(json.dumps(record))
+        except OSError as err:
+            log.warning("cannot write pid file %s: %s", path, err)
+
+    async def resume(self, rollout: rollout_pb2.Rollout) -> Outcome:
+        """A local agent cannot be re-attached: kill what is left of it and fail the rollout with the reason."""
+        rollout_id = rollout.rollout_id
+        pid_path = self._pid_path(rollout_id)
+        where = f"(log: {self.log_path(rollout_id)})"
+        try:
+            record = json.loads(pid_path.read_text())
+        except (OSError, ValueError):
+            record = {}
+        pid = record.get("pid")
+        alive = (
+            isinstance(pid, int)
+            and record.get("attempt_id") == rollout.status.attempt_id
+            and record.get("start_ticks") is not None
+            and process_start_ticks(pid) == record.get("start_ticks")
+        )
+        with contextlib.suppress(OSError):
+            pid_path.unlink()
+        if alive and _signal_group(pid, signal.SIGKILL):
+            reason = f"controller restarted while the agent ran; killed its process group {pid} {where}"
+        else:
+            reason = f"agent process gone after a controller restart; its exit status is unknown {where}"
+        log.info("rollout %s: %s", rollout_id, reason)
+        return Outcome.failure(VANISHED, reason)

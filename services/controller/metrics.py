@@ -1,0 +1,27 @@
+"""Prometheus metrics of the controller, on a registry of their own (served by __main__)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class ControllerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.launched = Counter("agl_controller_launched", "Attempts launched.", registry=self.registry)
+        self.running = Gauge("agl_controller_running", "Attempts running now.", registry=self.registry)
+        self.succeeded = Counter("agl_controller_succeeded", "Rollouts reported succeeded.", registry=self.registry)
+        self.failed = Counter(
+            "agl_controller_failed", "Rollouts reported failed, by reason.", ["reason"], registry=self.registry
+        )
+        self.claim_conflicts = Counter(
+            "agl_controller_claim_conflicts", "Claims lost to another controller.", registry=self.registry
+        )
+        self.launch_latency = Histogram(
+            "agl_controller_launch_latency_seconds",
+            "From the rollout's creation (enqueue) to its agent running.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )

@@ -1,0 +1,59 @@
+"""Small agent programs for the local runner tests, run as `python tests/controller/agents/tools.py MODE ...`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def spawn_family(pid_file: str) -> None:
+    """Starts children that ignore SIGTERM (one with a grandchild), records every pid, then hangs."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    children = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]),
+        subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 600 & sleep 600; wait"]),
+    ]
+    shell = children[1].pid
+    grandchildren: list[int] = []
+    deadline = time.monotonic() + 10
+    while not grandchildren and time.monotonic() < deadline:  # wait for the shell's own child
+        time.sleep(0.05)
+        with contextlib.suppress(OSError):
+            grandchildren = [int(p) for p in Path(f"/proc/{shell}/task/{shell}/children").read_text().split()]
+    pids = [os.getpid(), *(child.pid for child in children), *grandchildren]
+    Path(pid_file + ".tmp").write_text(" ".join(map(str, pids)))
+    os.replace(pid_file + ".tmp", pid_file)
+    time.sleep(600)
+
+
+def count_running(directory: str, marker: str) -> None:
+    """Notes how many agents run at once: a file per running agent in `directory`."""
+    folder = Path(directory)
+    mine = folder / f"{marker}.running"
+    mine.touch()
+    running = len(list(folder.glob("*.running")))
+    with open(folder / "counts.txt", "a") as out:
+        out.write(f"{marker} {running}\n")
+    time.sleep(0.3)
+    mine.unlink()
+
+
+if __name__ == "__main__":
+    mode, *args = sys.argv[1:]
+    if mode == "family":
+        spawn_family(*args)
+    elif mode == "count":
+        count_running(*args)
+    elif mode == "hang":
+        print("hanging", flush=True)
+        time.sleep(600)
+    elif mode == "exit":
+        print("something went wrong: giving up", flush=True)
+        sys.exit(int(args[0]))
+    else:
+        sys.exit(f"unknown mode {mode}")
