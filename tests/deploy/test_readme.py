@@ -1,4 +1,4 @@
-"""deploy/README-sections.md: its grpcurl calls name real methods with bodies that parse (and the unary ones
+"""README.md: its grpcurl calls name real methods with bodies that parse (and the unary ones
 run against a real ledger), and its compose, Kubernetes and trainer commands name things that exist."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from services._gen.agl.v1 import ledger_service_pb2
 from tests.deploy.conftest import DEPLOY, REPO_ROOT
 from tests.support.procs import start_ledger
 
-TEXT = (DEPLOY / "README-sections.md").read_text()
+TEXT = (REPO_ROOT / "README.md").read_text()
 SERVICE = ledger_service_pb2.DESCRIPTOR.services_by_name["LedgerService"]
 
 
