@@ -252,7 +252,8 @@ def print_summary(run_id: str, records: Sequence[Mapping[str, Any]], output: Pat
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    variables = dict(os.environ)
+    # The toy model errs on a quarter of its sampled answers so that GRPO groups get rewards that differ.
+    variables = {"AGL_STANDIN_MISTAKE_RATE": "0.25", **os.environ}
     profiles = [] if args.engine_url else ["standin"]
     specs = local_stack.load_compose(variables, profiles)
     wanted = ["ledger", "proxy", "controller"] + ([] if args.engine_url else ["standin"])

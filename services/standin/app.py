@@ -49,6 +49,7 @@ class Stats:
 class Standin:
     def __init__(self, config: StandinConfig) -> None:
         self.model = config.model
+        self.mistake_rate = config.mistake_rate
         self.tokenizer = ToyTokenizer()
         self.knobs = Knobs(config.delay_ms, config.chunk_delay_ms, config.fail_first, config.fail_status)
         self.stats = Stats()
@@ -71,9 +72,9 @@ class Standin:
             return self._error(EngineError(self.knobs.fail_status, "Engine temporarily failing.", "ServiceUnavailable"))
         try:
             if api == "chat":
-                gen = generate_chat(body, self.model, self.tokenizer)
+                gen = generate_chat(body, self.model, self.tokenizer, self.mistake_rate)
             else:
-                gen = generate_completion(body, self.model, self.tokenizer)
+                gen = generate_completion(body, self.model, self.tokenizer, self.mistake_rate)
         except EngineError as err:
             return self._error(err)
         delay = float(knobs.get("delay_ms", self.knobs.delay_ms))

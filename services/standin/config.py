@@ -17,6 +17,7 @@ class StandinConfig:
     chunk_delay_ms: float = 0.0
     fail_first: int = 0
     fail_status: int = 503
+    mistake_rate: float = 0.0
     log_level: str = "warning"
 
 
@@ -45,6 +46,14 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         help="answer the first N generation requests with --fail-status",
     )
     parser.add_argument("--fail-status", type=int, default=int(env.get("AGL_STANDIN_FAIL_STATUS", "503")))
+    parser.add_argument(
+        "--mistake-rate",
+        type=float,
+        default=float(env.get("AGL_STANDIN_MISTAKE_RATE", "0")),
+        help="when sampling (temperature > 0), answer this fraction of arithmetic questions off by one",
+    )
     parser.add_argument("--log-level", default=env.get("AGL_LOG_LEVEL", "warning"))
     args = parser.parse_args(argv)
+    if not 0.0 <= args.mistake_rate <= 1.0:
+        parser.error(f"--mistake-rate must be between 0 and 1, not {args.mistake_rate}")
     return StandinConfig(**vars(args))

@@ -8,6 +8,7 @@ stream chunks carry the token ids of their own delta.
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
 from collections.abc import Iterator
@@ -102,7 +103,19 @@ def _truncate(pieces: list[str], max_tokens: int | None, stop: Any) -> tuple[lis
     return pieces, None
 
 
-def generate_chat(body: dict[str, Any], served_model: str, tokenizer: ToyTokenizer) -> Generation:
+def _sample_mistake(body: dict[str, Any], mistake_rate: float) -> bool:
+    """Whether this answer is a deliberate mistake: only when sampling (temperature > 0), reproducible with `seed`."""
+    temperature = body.get("temperature", 1.0)
+    if mistake_rate <= 0 or not temperature:
+        return False
+    seed = body.get("seed")
+    rng = random.Random(seed) if isinstance(seed, int) and not isinstance(seed, bool) else random
+    return rng.random() < mistake_rate
+
+
+def generate_chat(
+    body: dict[str, Any], served_model: str, tokenizer: ToyTokenizer, mistake_rate: float = 0.0
+) -> Generation:
     _check_common(body, served_model)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
@@ -117,7 +130,7 @@ def generate_chat(body: dict[str, Any], served_model: str, tokenizer: ToyTokeniz
     n = _int_field(body, "n", 1) or 1
     tools = body.get("tools")
     prompt_ids = tokenizer.encode(model.render_chat(messages, tools))
-    reply = model.chat_reply(messages, tools, body.get("tool_choice", "auto"))
+    reply = model.chat_reply(messages, tools, body.get("tool_choice", "auto"), _sample_mistake(body, mistake_rate))
     all_pieces = tokenizer.split(reply.raw)
     pieces, cut = _truncate(all_pieces, max_tokens, body.get("stop"))
     choices = []
@@ -153,7 +166,9 @@ def _prompts(prompt: Any, tokenizer: ToyTokenizer) -> list[tuple[str, list[int]]
     raise EngineError(400, "Either prompt or prompt_embeds must be provided and non-empty.", param="prompt")
 
 
-def generate_completion(body: dict[str, Any], served_model: str, tokenizer: ToyTokenizer) -> Generation:
+def generate_completion(
+    body: dict[str, Any], served_model: str, tokenizer: ToyTokenizer, mistake_rate: float = 0.0
+) -> Generation:
     _check_common(body, served_model)
     prompts = _prompts(body.get("prompt"), tokenizer)
     logprobs = _int_field(body, "logprobs", 0, MAX_TOP_LOGPROBS)
@@ -162,7 +177,8 @@ def generate_completion(body: dict[str, Any], served_model: str, tokenizer: ToyT
     n = _int_field(body, "n", 1) or 1
     choices = []
     for prompt_index, (text, prompt_ids) in enumerate(prompts):
-        pieces, cut = _truncate(tokenizer.split(model.completion_reply(text)), max_tokens, body.get("stop"))
+        reply = model.completion_reply(text, _sample_mistake(body, mistake_rate))
+        pieces, cut = _truncate(tokenizer.split(reply), max_tokens, body.get("stop"))
         for i in range(n):
             choices.append(
                 Choice(

@@ -9,6 +9,8 @@ Behaviour (what example agents can rely on):
   "expression") gets the expression "A op B".
 - After a tool message it answers "The answer is {tool output}."
 - Anything else gets "OK. You said: {the first words of the last user message}".
+- With `mistake=True` (the engine samples it at temperature > 0 when started with --mistake-rate) a direct
+  arithmetic answer is off by one, so that RL groups see rewards that differ, as with a real policy.
 """
 
 from __future__ import annotations
@@ -126,15 +128,25 @@ def _tool_call(function: dict[str, Any], expression: str) -> Reply:
     return Reply(raw=raw, content=None, tool_calls=[call])
 
 
-def _answer(text: str) -> str:
+def _off_by_one(result: str) -> str:
+    try:
+        value = float(result) + 1
+    except ValueError:
+        return result + "?"
+    return str(int(value)) if value == int(value) else f"{value:.6g}"
+
+
+def _answer(text: str, mistake: bool = False) -> str:
     solved = solve(text)
     if solved is not None:
-        return f"The answer is {solved[1]}."
+        return f"The answer is {_off_by_one(solved[1]) if mistake else solved[1]}."
     words = text.split()[:_ECHO_WORDS]
     return "OK. You said: " + " ".join(words) if words else "OK."
 
 
-def chat_reply(messages: list[dict[str, Any]], tools: list[Any] | None, tool_choice: Any) -> Reply:
+def chat_reply(
+    messages: list[dict[str, Any]], tools: list[Any] | None, tool_choice: Any, mistake: bool = False
+) -> Reply:
     last = messages[-1] if messages else {}
     if last.get("role") == "tool":
         text = f"The answer is {content_text(last.get('content')).strip()}."
@@ -144,13 +156,13 @@ def chat_reply(messages: list[dict[str, Any]], tools: list[Any] | None, tool_cho
     solved = solve(user_text)
     if function is not None and solved is not None:
         return _tool_call(function, solved[0])
-    text = _answer(user_text)
+    text = _answer(user_text, mistake)
     return Reply(raw=text, content=text)
 
 
-def completion_reply(prompt: str) -> str:
+def completion_reply(prompt: str, mistake: bool = False) -> str:
     """Continuation of a plain-text prompt (answers the last arithmetic question in it, if any)."""
     if solve(prompt) is not None:
-        return " " + _answer(prompt)
+        return " " + _answer(prompt, mistake)
     lines = [line for line in prompt.splitlines() if line.strip()]
     return " " + _answer(lines[-1] if lines else prompt)
