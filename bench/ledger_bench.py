@@ -4,7 +4,8 @@ Run: .venv/bin/python bench/ledger_bench.py [--stores memory,sqlite] [--quick]
 
 Each figure comes from a real ledger subprocess on loopback. Clients run in separate processes (so the client
 side does not share the ledger's interpreter); server CPU is read from /proc/<pid>/stat of the ledger, memory
-from /proc/<pid>/status (VmRSS).
+from /proc/<pid>/status (VmRSS). "single via LedgerClient": 32 concurrent callers in one process share one
+LedgerClient, which merges the calls that arrive while a request is in flight into the next request.
 """
 
 from __future__ import annotations
@@ -157,6 +158,33 @@ def stream_append_worker(address: str, rollout_ids: list[str], per_client: int, 
     return asyncio.run(_stream_append_worker(address, rollout_ids, per_client, batch))
 
 
+async def _coalesced_worker(address: str, rollout_ids: list[str], per_client: int, batch: int) -> dict[str, object]:
+    """Single appends through one shared LedgerClient, which merges concurrent calls into shared requests."""
+    from services.client import LedgerClient
+
+    latencies: list[float] = []
+    async with LedgerClient(address) as ledger_client:
+
+        async def client(rollout_id: str) -> None:
+            event = model_request_event(rollout_id, 0)
+            for n in range(per_client):
+                event.event_id = f"{rollout_id}-c{n}"
+                started = time.perf_counter()
+                await ledger_client.append_events([event])
+                latencies.append(time.perf_counter() - started)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client(rid) for rid in rollout_ids))
+        elapsed = time.perf_counter() - started
+        requests = ledger_client.append_requests
+    return {"elapsed": elapsed, "calls": len(latencies), "max_latency": max(latencies), "latencies": latencies,
+            "requests": requests}  # fmt: skip
+
+
+def coalesced_worker(address: str, rollout_ids: list[str], per_client: int, batch: int) -> dict[str, object]:
+    return asyncio.run(_coalesced_worker(address, rollout_ids, per_client, batch))
+
+
 async def _create_worker(address: str, prefix: str, clients: int, per_client: int, batch: int) -> float:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.LedgerServiceStub(channel)
@@ -215,8 +243,10 @@ def appends(
     cpu = ledger.cpu_seconds() - cpu0
     events = per_client * clients // batch * batch
     latencies = sorted(x for r in results for x in r["latencies"])
+    requests = sum(r.get("requests", len(r["latencies"])) for r in results)
     return {
         "events_per_s": events / max(r["elapsed"] for r in results),
+        "events_per_request": events / requests,
         "wall_s": wall,
         "server_cpu_ms_per_event": cpu / events * 1000,
         "p50_ms": latencies[len(latencies) // 2] * 1000,
@@ -325,6 +355,9 @@ def bench_store(kind: str, quick: bool, pool, procs: int) -> dict[str, object]:
         out["stream_single"] = appends(
             ledger, pool, procs, 32, int(5120 * scale), 1, "stream", worker=stream_append_worker
         )
+        out["coalesced_single"] = appends(
+            ledger, pool, 1, 32, int(5120 * scale), 1, "coalesced", worker=coalesced_worker
+        )  # one process: the 32 callers share one client
         out["batch32"] = appends(ledger, pool, procs, 32, int(32768 * scale), 32, "batch")
         out["creates_single_per_s"] = creates(ledger, pool, procs, 16, int(2048 * scale), 1, "cs")
         out["creates_batch100_per_s"] = creates(ledger, pool, procs, 4, int(24000 * scale), 100, "cb")
@@ -357,6 +390,8 @@ def report(kind: str, r: dict) -> None:
     print(f"{'no-op unary RPC':<24}{r['transport_ceiling_calls_per_s']:8.0f} calls/s (grpc.aio ceiling, 32 clients)")
     print(_line("single appends (unary)", early))
     print(_line("single appends (stream)", r["stream_single"]))
+    coalesced = r["coalesced_single"]
+    print(_line("single via LedgerClient", coalesced) + f"   {coalesced['events_per_request']:.1f} events/request")
     print(_line("batched appends (32)", r["batch32"]))
     print(
         f"{'rollouts created':<24}{r['creates_single_per_s']:8.0f} /s one per call, "

@@ -4,16 +4,23 @@ Unary calls are retried on UNAVAILABLE with capped, jittered exponential backoff
 the client fills in caller-chosen ids (rollout ids, event ids) before the first try, so a retry after a lost
 response finds the stored item instead of creating a second one. Watches reconnect by themselves and resume
 from the last revision or cursor they delivered.
+
+Concurrent `append_events` calls are coalesced: while one AppendEvents request is in flight, the calls that
+arrive queue up and go out together as the next request the moment it returns (no timer: a lone call is sent
+at once). Each caller gets its own part of the answer. The ledger applies a request atomically, so when a
+merged request is refused for one caller's events (say its rollout is gone), each part is sent again alone
+and only that caller sees the error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -36,6 +43,18 @@ _STREAM_RESUMABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL}
 )
 _DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# A merged append refused with one of these may be one caller's fault: each part is then sent alone.
+_PER_CALLER_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNKNOWN,
+    }
+)
+_APPEND_METHOD = "/agl.v1.LedgerService/AppendEvents"
 
 
 @dataclass(frozen=True)
@@ -60,6 +79,25 @@ class RetryPolicy:
         return random.uniform(ceiling / 2, ceiling)
 
 
+@dataclass
+class _PendingAppend:
+    """One append_events call waiting in its lane: its serialized AppendEventsRequest and the caller's future."""
+
+    request: bytes
+    events: int
+    future: asyncio.Future[ledger_service_pb2.AppendEventsResponse]
+
+
+@dataclass
+class _AppendLane:
+    """Calls with the same reject_terminal flag, merged into one request while the previous one is in flight."""
+
+    reject_terminal: bool
+    queue: collections.deque[_PendingAppend] = field(default_factory=collections.deque)
+    sender: asyncio.Task[None] | None = None
+    requests: int = 0  # AppendEvents requests sent (merged or not)
+
+
 class LedgerClient:
     """Async client of agl.v1.LedgerService. Create it anywhere; the channel opens on first use."""
 
@@ -79,6 +117,10 @@ class LedgerClient:
         self._call_timeout_s = call_timeout_s
         self._channel: grpc.aio.Channel | None = None
         self._stub: ledger_service_pb2_grpc.LedgerServiceStub | None = None
+        self._append_raw: Callable[..., Awaitable[ledger_service_pb2.AppendEventsResponse]] | None = None
+        self._lanes = {flag: _AppendLane(flag) for flag in (False, True)}
+        # A merged request stops growing past this size (a larger single call still goes, alone).
+        self._append_batch_bytes = min(4 * 1024 * 1024, max_message_bytes // 2)
 
     # -- plumbing -------------------------------------------------------------------------------------------
 
@@ -93,17 +135,30 @@ class LedgerClient:
             ]
             self._channel = grpc.aio.insecure_channel(self.address, options=options)
             self._stub = ledger_service_pb2_grpc.LedgerServiceStub(self._channel)
+            # AppendEvents taking requests already serialized, so merged ones are plain concatenations.
+            self._append_raw = self._channel.unary_unary(
+                _APPEND_METHOD, response_deserializer=ledger_service_pb2.AppendEventsResponse.FromString
+            )
         return self._stub
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...] | None:
         return self._metadata
 
+    @property
+    def append_requests(self) -> int:
+        """AppendEvents requests sent so far (fewer than append_events calls when calls were merged)."""
+        return sum(lane.requests for lane in self._lanes.values())
+
     async def close(self) -> None:
+        for lane in self._lanes.values():
+            if lane.sender is not None and not lane.sender.done():
+                lane.sender.cancel()
         if self._channel is not None:
             await self._channel.close()
         self._channel = None
         self._stub = None
+        self._append_raw = None
 
     async def __aenter__(self) -> LedgerClient:
         return self
@@ -112,12 +167,15 @@ class LedgerClient:
         await self.close()
 
     async def _unary(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+        return await self._with_retries(method, getattr(self.stub, method), request, timeout_s)
+
+    async def _with_retries(
+        self, method: str, call: Callable[..., Awaitable[Any]], request: Any, timeout_s: float | None = None
+    ) -> Any:
         delays = self._retry.delays()
         while True:
             try:
-                return await getattr(self.stub, method)(
-                    request, metadata=self._metadata, timeout=timeout_s or self._call_timeout_s
-                )
+                return await call(request, metadata=self._metadata, timeout=timeout_s or self._call_timeout_s)
             except grpc.aio.AioRpcError as err:
                 if err.code() != grpc.StatusCode.UNAVAILABLE:
                     raise
@@ -207,14 +265,88 @@ class LedgerClient:
     async def append_events(
         self, events: Sequence[event_pb2.Event], reject_terminal: bool = False
     ) -> ledger_service_pb2.AppendEventsResponse:
-        """Appends events atomically; event ids are filled in first so that a retry never duplicates."""
+        """Appends events atomically; event ids are filled in first so that a retry never duplicates.
+
+        Concurrent calls share AppendEvents requests (see the module docstring); the answer holds this call's
+        sequences and attempt ids only, and an error is this call's own.
+        """
         request = ledger_service_pb2.AppendEventsRequest(reject_terminal=reject_terminal)
         for event in events:
             item = request.events.add()
             item.CopyFrom(event)
             if not item.event_id:
                 item.event_id = uuid.uuid4().hex
-        return await self._unary("AppendEvents", request)
+        loop = asyncio.get_running_loop()
+        lane = self._lanes[reject_terminal]
+        if lane.sender is not None and lane.sender.get_loop() is not loop:  # the client moved to another loop
+            lane.sender, lane.queue = None, collections.deque()
+        future: asyncio.Future[ledger_service_pb2.AppendEventsResponse] = loop.create_future()
+        lane.queue.append(_PendingAppend(request.SerializeToString(), len(request.events), future))
+        if lane.sender is None or lane.sender.done():
+            lane.sender = asyncio.create_task(self._send_appends(lane))
+        return await future
+
+    async def _send_appends(self, lane: _AppendLane) -> None:
+        """Drain a lane: everything queued goes out as one request; what queues meanwhile goes next."""
+        batch: list[_PendingAppend] = []
+        try:
+            while lane.queue:
+                batch, size = [], 0
+                while lane.queue and (not batch or size + len(lane.queue[0].request) <= self._append_batch_bytes):
+                    pending = lane.queue.popleft()
+                    if not pending.future.done():  # a cancelled caller's events are not sent
+                        batch.append(pending)
+                        size += len(pending.request)
+                if batch:
+                    await self._send_batch(lane, batch)
+        except BaseException as exc:  # cancelled (client closing) or a bug: nobody is left waiting
+            if isinstance(exc, Exception):
+                log.exception("appending to the ledger failed unexpectedly")
+            for pending in [*batch, *lane.queue]:
+                if not pending.future.done():
+                    if isinstance(exc, asyncio.CancelledError):
+                        pending.future.cancel()
+                    else:
+                        pending.future.set_exception(exc)
+            lane.queue.clear()
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _send_batch(self, lane: _AppendLane, batch: list[_PendingAppend]) -> None:
+        lane.requests += 1
+        try:
+            # Serialized AppendEventsRequests concatenate into one with all their events, in order.
+            response = await self._with_retries("AppendEvents", self._raw_append(), b"".join(p.request for p in batch))
+        except grpc.aio.AioRpcError as err:
+            if len(batch) > 1 and err.code() in _PER_CALLER_CODES:
+                log.debug("merged append of %d calls refused (%s); sending each alone", len(batch), err.code().name)
+                for pending in batch:  # in queue order, so each caller's events keep their order
+                    if not pending.future.done():
+                        await self._send_batch(lane, [pending])
+                return
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(_copy_error(err) if len(batch) > 1 else err)
+            return
+        if len(batch) == 1:
+            if not batch[0].future.done():
+                batch[0].future.set_result(response)
+            return
+        sequences, attempts, start = response.sequences, response.attempt_ids, 0
+        for pending in batch:
+            end = start + pending.events
+            if not pending.future.done():
+                part = ledger_service_pb2.AppendEventsResponse(
+                    sequences=sequences[start:end], attempt_ids=attempts[start:end]
+                )
+                pending.future.set_result(part)
+            start = end
+
+    def _raw_append(self) -> Callable[..., Awaitable[ledger_service_pb2.AppendEventsResponse]]:
+        if self._append_raw is None:
+            _ = self.stub  # opens the channel
+        assert self._append_raw is not None
+        return self._append_raw
 
     async def list_events(
         self,
@@ -425,3 +557,10 @@ class LedgerClient:
                 await asyncio.sleep(self._retry.reconnect_delay(failures))
             finally:
                 call.cancel()
+
+
+def _copy_error(err: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+    """The same status for another caller (one exception object raised in several tasks would share tracebacks)."""
+    return grpc.aio.AioRpcError(
+        err.code(), err.initial_metadata(), err.trailing_metadata(), err.details(), err.debug_error_string()
+    )

@@ -23,7 +23,8 @@ from .model_registry import ModelRegistry
 from .proxy_control import ProxyControlState
 from .store import DELETE_MODEL, DELETE_ROLLOUT, PUT_EVENT, PUT_META, PUT_MODEL, PUT_ROLLOUT, Op, Store
 from .terminal_log import TerminalLog
-from .triplet import triplet_view
+from .triplet import split
+from .triplet import view as triplet_view
 from .validation import check_event, check_id, check_spec
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,6 @@ DELETE = ledger_service_pb2.ROLLOUT_CHANGE_TYPE_DELETE
 UNSPECIFIED = rollout_pb2.ROLLOUT_STATE_UNSPECIFIED
 TRIPLET = event_pb2.EVENT_VIEW_TRIPLET
 ALL_ATTEMPTS = "*"
-ALL_EVENTS = 1 << 62
 
 META_REVISION = "revision"
 META_TERMINAL_CURSOR = "terminal_cursor"
@@ -360,8 +360,8 @@ class Ledger:
             event.attempt_id = attempt_id
             event.create_time.seconds = seconds
             event.create_time.nanos = nanos
-            ops.append((PUT_EVENT, event.rollout_id, seq, attempt_id, event.event_type, event_id,
-                        event.SerializeToString()))  # fmt: skip
+            data, cut = split(event.SerializeToString())
+            ops.append((PUT_EVENT, event.rollout_id, seq, attempt_id, event.event_type, event_id, data, cut))
             if event_id:
                 if entry.event_ids is None:
                     entry.event_ids = {}
@@ -392,9 +392,8 @@ class Ledger:
         return [data for _, data in rows], (str(rows[-1][0]) if more else "")
 
     def triplet_events(self, rollout_id: str, attempt: str | None, event_type: str | None) -> list[tuple[int, bytes]]:
-        rows = self.store.read_events(rollout_id, attempt, event_type, 0, ALL_EVENTS)
-        view = triplet_view(event_pb2.Event.FromString(data) for _, data in rows)
-        return [(ev.sequence, ev.SerializeToString()) for ev in view]
+        """(sequence, serialized triplet form) of the rollout's events in the triplet view (trimmed at append)."""
+        return triplet_view(self.store.read_triplets(rollout_id, attempt, event_type))
 
     # -- models ----------------------------------------------------------------------------------------------------
 

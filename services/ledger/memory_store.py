@@ -8,9 +8,10 @@ from .store import DELETE_ROLLOUT, PUT_EVENT, Loaded, Op, Store
 class MemoryStore(Store):
     def __init__(self) -> None:
         self._lsn = 0
-        # rollout_id -> [(sequence, attempt_id, event_type, event_bytes)]. Tuples of str/int/bytes are untracked by
-        # the garbage collector, so stored events cost it nothing to walk.
-        self._events: dict[str, list[tuple[int, str, str, bytes]]] = {}
+        # rollout_id -> [(sequence, attempt_id, event_type, event_bytes, triplet_length)]; the triplet form is a
+        # prefix of the event's bytes. Tuples of str/int/bytes are untracked by the garbage collector, so stored
+        # events cost it nothing to walk.
+        self._events: dict[str, list[tuple[int, str, str, bytes, int]]] = {}
 
     @property
     def committed_lsn(self) -> int:
@@ -31,7 +32,7 @@ class MemoryStore(Store):
                 rows = events.get(op[1])
                 if rows is None:
                     rows = events[op[1]] = []
-                rows.append((op[2], op[3], op[4], op[6]))
+                rows.append((op[2], op[3], op[4], op[6], op[7]))
             elif kind == DELETE_ROLLOUT:
                 events.pop(op[1], None)
         self._lsn += 1
@@ -46,7 +47,7 @@ class MemoryStore(Store):
         rows = self._events.get(rollout_id, ())
         out: list[tuple[int, bytes]] = []
         # Sequences are dense from 1 within a rollout's list, so the start is an index.
-        for seq, attempt, etype, data in rows[after_sequence:] if after_sequence >= 0 else rows:
+        for seq, attempt, etype, data, _cut in rows[after_sequence:] if after_sequence >= 0 else rows:
             if attempt_id is not None and attempt != attempt_id:
                 continue
             if event_type is not None and etype != event_type:
@@ -55,6 +56,15 @@ class MemoryStore(Store):
             if len(out) >= limit:
                 break
         return out
+
+    def read_triplets(
+        self, rollout_id: str, attempt_id: str | None, event_type: str | None
+    ) -> list[tuple[int, str, bytes]]:
+        return [
+            (seq, etype, data[:cut])
+            for seq, attempt, etype, data, cut in self._events.get(rollout_id, ())
+            if cut and (attempt_id is None or attempt == attempt_id) and (event_type is None or etype == event_type)
+        ]
 
     async def close(self) -> None:
         self._events.clear()

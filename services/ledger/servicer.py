@@ -101,8 +101,10 @@ def _serialize(message: Message | bytes) -> bytes:
 
 
 def _terminal_entry(cursor: int, rollout: rollout_pb2.Rollout, events: list[bytes]) -> bytes:
-    """A serialized TerminalRollout with stored events spliced in unparsed."""
-    return pb.TerminalRollout(cursor=cursor, rollout=rollout).SerializeToString() + wire.repeated(3, events)
+    """A serialized TerminalRollout (cursor = 1, rollout = 2, events = 3) with stored events spliced in unparsed."""
+    return b"".join(
+        (b"\x08", wire.varint(cursor), wire.field(2, rollout.SerializeToString()), wire.repeated(3, events))
+    )
 
 
 class LedgerServicer:

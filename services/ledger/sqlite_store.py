@@ -32,6 +32,7 @@ from .store import (
     Store,
     StoredRollout,
 )
+from .triplet import split
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +43,15 @@ CREATE TABLE IF NOT EXISTS rollouts (
     terminal_cursor INTEGER,
     data BLOB NOT NULL
 );
+-- The first triplet_length bytes of data are the event's triplet form (see triplet.split); 0: not in the view.
 CREATE TABLE IF NOT EXISTS events (
     rollout_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
     attempt_id TEXT NOT NULL,
     event_type TEXT NOT NULL,
     event_id TEXT,
-    data BLOB NOT NULL
+    data BLOB NOT NULL,
+    triplet_length INTEGER NOT NULL DEFAULT 0
 );
 CREATE UNIQUE INDEX IF NOT EXISTS events_by_rollout ON events (rollout_id, seq);
 CREATE TABLE IF NOT EXISTS models (
@@ -62,7 +65,8 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value);
 
 _SQL = {
     PUT_ROLLOUT: "INSERT OR REPLACE INTO rollouts (rollout_id, ordinal, terminal_cursor, data) VALUES (?, ?, ?, ?)",
-    PUT_EVENT: "INSERT INTO events (rollout_id, seq, attempt_id, event_type, event_id, data) VALUES (?, ?, ?, ?, ?, ?)",
+    PUT_EVENT: "INSERT INTO events (rollout_id, seq, attempt_id, event_type, event_id, data, triplet_length) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)",
     PUT_MODEL: "INSERT OR REPLACE INTO models (model_name, endpoint, data) VALUES (?, ?, ?)",
     DELETE_MODEL: "DELETE FROM models WHERE model_name = ? AND endpoint = ?",
     PUT_META: "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
@@ -87,6 +91,7 @@ class SqliteStore(Store):
         self._on_failure = on_failure
         self._reader = _connect(self._path)
         self._reader.executescript(SCHEMA)
+        _add_triplets(self._reader)
         self._queue: queue.SimpleQueue[tuple[int, list[Op]] | None] = queue.SimpleQueue()
         self._next_lsn = 0
         self._committed = 0
@@ -141,15 +146,17 @@ class SqliteStore(Store):
     ) -> list[tuple[int, bytes]]:
         sql = "SELECT seq, data FROM events WHERE rollout_id = ? AND seq > ?"
         args: list[object] = [rollout_id, after_sequence]
-        if attempt_id is not None:
-            sql += " AND attempt_id = ?"
-            args.append(attempt_id)
-        if event_type is not None:
-            sql += " AND event_type = ?"
-            args.append(event_type)
+        sql, args = _filtered(sql, args, attempt_id, event_type)
         sql += " ORDER BY seq LIMIT ?"
         args.append(limit)
         return self._reader.execute(sql, args).fetchall()
+
+    def read_triplets(
+        self, rollout_id: str, attempt_id: str | None, event_type: str | None
+    ) -> list[tuple[int, str, bytes]]:
+        sql = "SELECT seq, event_type, substr(data, 1, triplet_length) FROM events WHERE rollout_id = ?"
+        sql, args = _filtered(sql + " AND triplet_length > 0", [rollout_id], attempt_id, event_type)
+        return self._reader.execute(sql + " ORDER BY seq", args).fetchall()
 
     async def close(self) -> None:
         if self._thread.is_alive():
@@ -247,7 +254,34 @@ def _apply(conn: sqlite3.Connection, ops: list[Op]) -> None:
             conn.executemany("DELETE FROM events WHERE rollout_id = ?", rows)
             conn.executemany("DELETE FROM rollouts WHERE rollout_id = ?", rows)
         elif kind == PUT_EVENT:
-            conn.executemany(_SQL[PUT_EVENT], [(r[0], r[1], r[2], r[3], r[4] or None, r[5]) for r in rows])
+            conn.executemany(_SQL[PUT_EVENT], [(r[0], r[1], r[2], r[3], r[4] or None, r[5], r[6]) for r in rows])
         else:
             conn.executemany(_SQL[kind], rows)
         i = j
+
+
+def _filtered(sql: str, args: list[object], attempt_id: str | None, event_type: str | None) -> tuple[str, list[object]]:
+    if attempt_id is not None:
+        sql += " AND attempt_id = ?"
+        args.append(attempt_id)
+    if event_type is not None:
+        sql += " AND event_type = ?"
+        args.append(event_type)
+    return sql, args
+
+
+def _add_triplets(conn: sqlite3.Connection) -> None:
+    """Bring a file written before events were stored with their triplet form first up to date (once, at open)."""
+    if "triplet_length" in [row[1] for row in conn.execute("PRAGMA table_info(events)")]:
+        return
+    conn.execute("BEGIN")
+    try:
+        conn.execute("ALTER TABLE events ADD COLUMN triplet_length INTEGER NOT NULL DEFAULT 0")
+        rows = conn.execute("SELECT rowid, data FROM events").fetchall()
+        updates = [(*split(d), r) for r, d in rows]
+        conn.executemany("UPDATE events SET data = ?, triplet_length = ? WHERE rowid = ?", updates)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    log.info("sqlite store: stored %d events again with their triplet form first", len(rows))

@@ -3,8 +3,9 @@
 The core keeps rollouts, indexes, counters and the terminal log in memory and hands every change to a store
 as a list of operations (`write`), which the store applies atomically and in order. `write` returns a log
 sequence number (LSN); `wait(lsn)` returns once that write is durable. Event bodies are owned by the store
-(kept as serialized bytes) and read back with `read_events`. `load` returns what a durable store kept, so a
-restarted ledger resumes where it stopped.
+(kept as serialized bytes, the triplet form first, see `triplet.split`) and read back with `read_events`
+(whole) and `read_triplets` (the triplet forms). `load` returns what a durable store kept, so a restarted
+ledger resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from dataclasses import dataclass, field
 # Operations, as plain tuples (cheap to build on the hot path):
 #   (PUT_ROLLOUT, rollout_id, ordinal, terminal_cursor | None, rollout_bytes)
 #   (DELETE_ROLLOUT, rollout_id)                       -- removes its events too
-#   (PUT_EVENT, rollout_id, sequence, attempt_id, event_type, event_id, event_bytes)
+#   (PUT_EVENT, rollout_id, sequence, attempt_id, event_type, event_id, event_bytes, triplet_length)
+#                                                      -- event_bytes[:triplet_length] is the event's triplet form
+#                                                         (triplet_length 0 outside the triplet view)
 #   (PUT_MODEL, model_name, endpoint, endpoint_bytes)
 #   (DELETE_MODEL, model_name, endpoint)
 #   (PUT_META, key, value)                             -- value: int or bytes
@@ -88,6 +91,13 @@ class Store(abc.ABC):
         self, rollout_id: str, attempt_id: str | None, event_type: str | None, after_sequence: int, limit: int
     ) -> list[tuple[int, bytes]]:
         """(sequence, event_bytes) of durable events in sequence order; None filters match anything."""
+
+    @abc.abstractmethod
+    def read_triplets(
+        self, rollout_id: str, attempt_id: str | None, event_type: str | None
+    ) -> list[tuple[int, str, bytes]]:
+        """(sequence, event_type, triplet_bytes) of the durable events that have a triplet form, in sequence
+        order; None filters match anything."""
 
     @abc.abstractmethod
     async def close(self) -> None:
