@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .ledger_client import LedgerClient, LedgerError, RetryPolicy
+from .ledger_client import LedgerClient, LedgerError
+from .retry import RetryPolicy
 from .tokens import agent_token, verify_agent_token
 
 __all__ = ["LedgerClient", "LedgerError", "RetryPolicy", "agent_token", "verify_agent_token"]

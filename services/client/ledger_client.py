@@ -5,22 +5,16 @@ the client fills in caller-chosen ids (rollout ids, event ids) before the first 
 response finds the stored item instead of creating a second one. Watches reconnect by themselves and resume
 from the last revision or cursor they delivered.
 
-Concurrent `append_events` calls are coalesced: while one AppendEvents request is in flight, the calls that
-arrive queue up and go out together as the next request the moment it returns (no timer: a lone call is sent
-at once). Each caller gets its own part of the answer. The ledger applies a request atomically, so when a
-merged request is refused for one caller's events (say its rollout is gone), each part is sent again alone
-and only that caller sees the error.
+Concurrent `append_events` calls are coalesced into shared AppendEvents requests (see append_batcher); each
+caller still gets its own answer or its own error.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -34,6 +28,9 @@ from services._gen.agl.v1 import (
     rollout_pb2,
 )
 
+from .append_batcher import AppendBatcher
+from .retry import RetryPolicy
+
 log = logging.getLogger(__name__)
 
 LedgerError = grpc.aio.AioRpcError
@@ -43,59 +40,7 @@ _STREAM_RESUMABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL}
 )
 _DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-# A merged append refused with one of these may be one caller's fault: each part is then sent alone.
-_PER_CALLER_CODES = frozenset(
-    {
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.NOT_FOUND,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.OUT_OF_RANGE,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.UNKNOWN,
-    }
-)
 _APPEND_METHOD = "/agl.v1.LedgerService/AppendEvents"
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Capped exponential backoff with full jitter."""
-
-    attempts: int = 6
-    initial_backoff_s: float = 0.05
-    max_backoff_s: float = 2.0
-    multiplier: float = 2.0
-
-    def delays(self) -> Iterator[float]:
-        """Yields the sleep before each retry (attempts - 1 of them)."""
-        ceiling = self.initial_backoff_s
-        for _ in range(max(self.attempts - 1, 0)):
-            yield random.uniform(0, ceiling)
-            ceiling = min(ceiling * self.multiplier, self.max_backoff_s)
-
-    def reconnect_delay(self, failures: int) -> float:
-        """Sleep before re-opening a stream after `failures` consecutive failures."""
-        ceiling = min(self.initial_backoff_s * self.multiplier ** max(failures - 1, 0), self.max_backoff_s)
-        return random.uniform(ceiling / 2, ceiling)
-
-
-@dataclass
-class _PendingAppend:
-    """One append_events call waiting in its lane: its serialized AppendEventsRequest and the caller's future."""
-
-    request: bytes
-    events: int
-    future: asyncio.Future[ledger_service_pb2.AppendEventsResponse]
-
-
-@dataclass
-class _AppendLane:
-    """Calls with the same reject_terminal flag, merged into one request while the previous one is in flight."""
-
-    reject_terminal: bool
-    queue: collections.deque[_PendingAppend] = field(default_factory=collections.deque)
-    sender: asyncio.Task[None] | None = None
-    requests: int = 0  # AppendEvents requests sent (merged or not)
 
 
 class LedgerClient:
@@ -118,9 +63,8 @@ class LedgerClient:
         self._channel: grpc.aio.Channel | None = None
         self._stub: ledger_service_pb2_grpc.LedgerServiceStub | None = None
         self._append_raw: Callable[..., Awaitable[ledger_service_pb2.AppendEventsResponse]] | None = None
-        self._lanes = {flag: _AppendLane(flag) for flag in (False, True)}
         # A merged request stops growing past this size (a larger single call still goes, alone).
-        self._append_batch_bytes = min(4 * 1024 * 1024, max_message_bytes // 2)
+        self._appends = AppendBatcher(self._send_append, max_batch_bytes=min(4 * 1024 * 1024, max_message_bytes // 2))
 
     # -- plumbing -------------------------------------------------------------------------------------------
 
@@ -148,12 +92,10 @@ class LedgerClient:
     @property
     def append_requests(self) -> int:
         """AppendEvents requests sent so far (fewer than append_events calls when calls were merged)."""
-        return sum(lane.requests for lane in self._lanes.values())
+        return self._appends.requests
 
     async def close(self) -> None:
-        for lane in self._lanes.values():
-            if lane.sender is not None and not lane.sender.done():
-                lane.sender.cancel()
+        self._appends.cancel()
         if self._channel is not None:
             await self._channel.close()
         self._channel = None
@@ -276,77 +218,14 @@ class LedgerClient:
             item.CopyFrom(event)
             if not item.event_id:
                 item.event_id = uuid.uuid4().hex
-        loop = asyncio.get_running_loop()
-        lane = self._lanes[reject_terminal]
-        if lane.sender is not None and lane.sender.get_loop() is not loop:  # the client moved to another loop
-            lane.sender, lane.queue = None, collections.deque()
-        future: asyncio.Future[ledger_service_pb2.AppendEventsResponse] = loop.create_future()
-        lane.queue.append(_PendingAppend(request.SerializeToString(), len(request.events), future))
-        if lane.sender is None or lane.sender.done():
-            lane.sender = asyncio.create_task(self._send_appends(lane))
-        return await future
+        return await self._appends.submit(request)
 
-    async def _send_appends(self, lane: _AppendLane) -> None:
-        """Drain a lane: everything queued goes out as one request; what queues meanwhile goes next."""
-        batch: list[_PendingAppend] = []
-        try:
-            while lane.queue:
-                batch, size = [], 0
-                while lane.queue and (not batch or size + len(lane.queue[0].request) <= self._append_batch_bytes):
-                    pending = lane.queue.popleft()
-                    if not pending.future.done():  # a cancelled caller's events are not sent
-                        batch.append(pending)
-                        size += len(pending.request)
-                if batch:
-                    await self._send_batch(lane, batch)
-        except BaseException as exc:  # cancelled (client closing) or a bug: nobody is left waiting
-            if isinstance(exc, Exception):
-                log.exception("appending to the ledger failed unexpectedly")
-            for pending in [*batch, *lane.queue]:
-                if not pending.future.done():
-                    if isinstance(exc, asyncio.CancelledError):
-                        pending.future.cancel()
-                    else:
-                        pending.future.set_exception(exc)
-            lane.queue.clear()
-            if not isinstance(exc, Exception):
-                raise
-
-    async def _send_batch(self, lane: _AppendLane, batch: list[_PendingAppend]) -> None:
-        lane.requests += 1
-        try:
-            # Serialized AppendEventsRequests concatenate into one with all their events, in order.
-            response = await self._with_retries("AppendEvents", self._raw_append(), b"".join(p.request for p in batch))
-        except grpc.aio.AioRpcError as err:
-            if len(batch) > 1 and err.code() in _PER_CALLER_CODES:
-                log.debug("merged append of %d calls refused (%s); sending each alone", len(batch), err.code().name)
-                for pending in batch:  # in queue order, so each caller's events keep their order
-                    if not pending.future.done():
-                        await self._send_batch(lane, [pending])
-                return
-            for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(_copy_error(err) if len(batch) > 1 else err)
-            return
-        if len(batch) == 1:
-            if not batch[0].future.done():
-                batch[0].future.set_result(response)
-            return
-        sequences, attempts, start = response.sequences, response.attempt_ids, 0
-        for pending in batch:
-            end = start + pending.events
-            if not pending.future.done():
-                part = ledger_service_pb2.AppendEventsResponse(
-                    sequences=sequences[start:end], attempt_ids=attempts[start:end]
-                )
-                pending.future.set_result(part)
-            start = end
-
-    def _raw_append(self) -> Callable[..., Awaitable[ledger_service_pb2.AppendEventsResponse]]:
+    async def _send_append(self, request: bytes) -> ledger_service_pb2.AppendEventsResponse:
+        """One AppendEvents request, already serialized (merged calls are plain concatenations)."""
         if self._append_raw is None:
             _ = self.stub  # opens the channel
         assert self._append_raw is not None
-        return self._append_raw
+        return await self._with_retries("AppendEvents", self._append_raw, request)
 
     async def list_events(
         self,
@@ -557,10 +436,3 @@ class LedgerClient:
                 await asyncio.sleep(self._retry.reconnect_delay(failures))
             finally:
                 call.cancel()
-
-
-def _copy_error(err: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
-    """The same status for another caller (one exception object raised in several tasks would share tracebacks)."""
-    return grpc.aio.AioRpcError(
-        err.code(), err.initial_metadata(), err.trailing_metadata(), err.details(), err.debug_error_string()
-    )

@@ -142,7 +142,6 @@ class Proxy:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.coordinator.stop()
-        await self.gateway.close()
         await self.upstream.close()
         await self.client.close()
 
@@ -220,7 +219,7 @@ def create_app(config: ProxyConfig) -> Starlette:
 
     async def metrics(request: Request) -> Response:
         proxy.metrics.engine_connections.set(proxy.upstream.pool.opened)
-        proxy.metrics.append_batches.set(proxy.gateway.appends.batches)
+        proxy.metrics.append_batches.set(proxy.gateway.append_requests)
         return Response(generate_latest(proxy.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def admin_body(request: Request) -> dict[str, Any]:

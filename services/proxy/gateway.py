@@ -4,6 +4,10 @@ A call is checked before it is forwarded: unknown rollout -> 404, terminal -> 40
 it. The check reads a cache: terminal rollouts are remembered for good, live ones for a few seconds. The cache
 can be stale in one direction only (a rollout that just finished): the append uses reject_terminal, so such a
 call still gets 409 and leaves nothing in the ledger.
+
+Appends go through LedgerClient.append_events, which merges concurrent calls into shared AppendEvents requests
+and retries UNAVAILABLE for a while; the proxy bounds the whole append by its ledger timeout, after which the
+agent gets 503 rather than being left waiting.
 """
 
 from __future__ import annotations
@@ -17,10 +21,9 @@ from typing import Any
 
 import grpc
 
-from services._gen.agl.v1 import event_pb2, rollout_pb2
+from services._gen.agl.v1 import event_pb2, ledger_service_pb2, rollout_pb2
 from services.client import LedgerClient
 
-from .append_stream import AppendStream
 from .errors import ProxyError, ledger_error
 from .routing import Endpoint, RoutingTable
 
@@ -40,7 +43,7 @@ async def _translated(what: str, call: Awaitable[Any]) -> Any:
 class LedgerGateway:
     def __init__(self, client: LedgerClient, cache_ttl_s: float, append_timeout_s: float) -> None:
         self.client = client
-        self.appends = AppendStream(client, timeout_s=append_timeout_s)
+        self._append_timeout = append_timeout_s
         self._ttl = cache_ttl_s
         self._states: OrderedDict[str, tuple[int, float]] = OrderedDict()  # rollout id -> (state, checked at)
         self._pending: dict[str, asyncio.Future[int]] = {}
@@ -93,7 +96,7 @@ class LedgerGateway:
     async def append(self, event: event_pb2.Event) -> int:
         """Appends one event, refused when its rollout is terminal; returns its sequence."""
         try:
-            response = await self.appends.append([event], reject_terminal=True)
+            response = await self._append(event)
         except ProxyError as err:
             if err.kind == "rollout_terminal":
                 self._remember(event.rollout_id, rollout_pb2.ROLLOUT_STATE_SUCCEEDED)
@@ -105,8 +108,28 @@ class LedgerGateway:
             raise
         return response.sequences[0] if response.sequences else 0
 
-    async def close(self) -> None:
-        await self.appends.close()
+    async def _append(self, event: event_pb2.Event) -> ledger_service_pb2.AppendEventsResponse:
+        try:
+            async with asyncio.timeout(self._append_timeout):
+                return await self.client.append_events([event], reject_terminal=True)
+        except TimeoutError:
+            raise ProxyError(
+                "ledger_unavailable",
+                f"The ledger did not acknowledge within {self._append_timeout:g}s; the call was not recorded.",
+            ) from None
+        except grpc.aio.AioRpcError as err:
+            raise ledger_error(err.code().name, err.details() or "", "AppendEvents") from None
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this call itself is cancelled
+            # The client was closed under the append (the proxy is stopping).
+            raise ProxyError("ledger_unavailable", "The proxy is shutting down.") from None
+
+    @property
+    def append_requests(self) -> int:
+        """AppendEvents requests sent so far (fewer than appends when concurrent ones were merged)."""
+        return self.client.append_requests
 
     # -- models -----------------------------------------------------------------------------------------------
 

@@ -38,6 +38,6 @@ class ProxyMetrics:
         )
         self.append_batches = Gauge(
             "agl_proxy_ledger_append_batches",
-            "Append requests sent on the ledger stream so far.",
+            "AppendEvents requests sent to the ledger so far (concurrent appends share them).",
             registry=self.registry,
         )

@@ -152,6 +152,23 @@ async def test_a_caller_cancelled_before_sending_sends_nothing(client: LedgerCli
     assert client.append_requests - before == 1
 
 
+async def test_a_caller_timing_out_in_flight_leaves_the_others_answered(client: LedgerClient, uid: str):
+    """What the proxy's deadline does: a caller gives up while its merged request is in flight; the request still
+    completes for everybody else, and the client keeps working."""
+    ids = [f"{uid}-{i}" for i in range(8)]
+    await _running(client, *ids)
+    before = client.append_requests
+    tasks = [asyncio.create_task(client.append_events([reward(rid, 1.0)])) for rid in ids]
+    while client.append_requests == before:  # the merged request is on its way
+        await asyncio.sleep(0)
+    tasks[3].cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(results.pop(3), asyncio.CancelledError)
+    assert [list(r.sequences) for r in results] == [[1]] * 7
+    reply = await client.append_events([reward(ids[0], 2.0)])
+    assert list(reply.sequences) == [2] and await _rewards(client, ids[0]) == [1.0, 2.0]
+
+
 async def test_merged_requests_stay_under_the_size_cap(ledger_proc: ServiceProcess, uid: str):
     async with LedgerClient(ledger_proc.address, max_message_bytes=64 * 1024) as client:  # cap: 32 KiB per request
         ids = [f"{uid}-{i}" for i in range(20)]

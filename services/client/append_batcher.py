@@ -1,0 +1,145 @@
+"""Coalescing of concurrent AppendEvents calls, used by LedgerClient.append_events.
+
+While one AppendEvents request is in flight, the calls that arrive queue up and go out together as the next
+request the moment it returns (no timer: a lone call is sent at once). Calls with reject_terminal set and calls
+without it wait in separate lanes, since the flag belongs to the whole request. Each caller gets its own part of
+the answer. The ledger applies a request atomically, so when a merged request is refused for one caller's events
+(say its rollout is gone), each part is sent again alone and only that caller sees the error.
+
+Merging needs no parsing: serialized AppendEventsRequests concatenate into one request with all their events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from services._gen.agl.v1 import ledger_service_pb2
+
+log = logging.getLogger(__name__)
+
+Response = ledger_service_pb2.AppendEventsResponse
+# Sends one serialized AppendEventsRequest (retrying UNAVAILABLE as every unary call does).
+SendAppend = Callable[[bytes], Awaitable[ledger_service_pb2.AppendEventsResponse]]
+
+# A merged append refused with one of these may be one caller's fault: each part is then sent alone.
+_PER_CALLER_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNKNOWN,
+    }
+)
+
+
+@dataclass
+class _PendingAppend:
+    """One call waiting in its lane: its serialized AppendEventsRequest and the caller's future."""
+
+    request: bytes
+    events: int
+    future: asyncio.Future[ledger_service_pb2.AppendEventsResponse]
+
+
+@dataclass
+class _AppendLane:
+    """Calls with the same reject_terminal flag, merged into one request while the previous one is in flight."""
+
+    queue: collections.deque[_PendingAppend] = field(default_factory=collections.deque)
+    sender: asyncio.Task[None] | None = None
+
+
+class AppendBatcher:
+    """Queues append calls per lane and sends each lane's queue as merged requests, one at a time."""
+
+    def __init__(self, send: SendAppend, max_batch_bytes: int) -> None:
+        self._send = send
+        # A merged request stops growing past this size (a larger single call still goes, alone).
+        self._max_batch_bytes = max_batch_bytes
+        self._lanes = {flag: _AppendLane() for flag in (False, True)}
+        self.requests = 0  # AppendEvents requests sent (merged or not)
+
+    async def submit(self, request: ledger_service_pb2.AppendEventsRequest) -> Response:
+        """Sends the request's events, merged with whatever else is waiting; returns this request's part."""
+        loop = asyncio.get_running_loop()
+        lane = self._lanes[request.reject_terminal]
+        if lane.sender is not None and lane.sender.get_loop() is not loop:  # the client moved to another loop
+            lane.sender, lane.queue = None, collections.deque()
+        future: asyncio.Future[Response] = loop.create_future()
+        lane.queue.append(_PendingAppend(request.SerializeToString(), len(request.events), future))
+        if lane.sender is None or lane.sender.done():
+            lane.sender = asyncio.create_task(self._drain(lane))
+        return await future
+
+    def cancel(self) -> None:
+        """Stops sending (the client is closing): callers still waiting are cancelled."""
+        for lane in self._lanes.values():
+            if lane.sender is not None and not lane.sender.done():
+                lane.sender.cancel()
+
+    async def _drain(self, lane: _AppendLane) -> None:
+        """Everything queued goes out as one request; what queues meanwhile goes next."""
+        batch: list[_PendingAppend] = []
+        try:
+            while lane.queue:
+                batch, size = [], 0
+                while lane.queue and (not batch or size + len(lane.queue[0].request) <= self._max_batch_bytes):
+                    pending = lane.queue.popleft()
+                    if not pending.future.done():  # a cancelled caller's events are not sent
+                        batch.append(pending)
+                        size += len(pending.request)
+                if batch:
+                    await self._send_batch(batch)
+        except BaseException as exc:  # cancelled (client closing) or a bug: nobody is left waiting
+            if isinstance(exc, Exception):
+                log.exception("appending to the ledger failed unexpectedly")
+            for pending in [*batch, *lane.queue]:
+                if not pending.future.done():
+                    if isinstance(exc, asyncio.CancelledError):
+                        pending.future.cancel()
+                    else:
+                        pending.future.set_exception(exc)
+            lane.queue.clear()
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _send_batch(self, batch: list[_PendingAppend]) -> None:
+        self.requests += 1
+        try:
+            response = await self._send(b"".join(p.request for p in batch))
+        except grpc.aio.AioRpcError as err:
+            if len(batch) > 1 and err.code() in _PER_CALLER_CODES:
+                log.debug("merged append of %d calls refused (%s); sending each alone", len(batch), err.code().name)
+                for pending in batch:  # in queue order, so each caller's events keep their order
+                    if not pending.future.done():
+                        await self._send_batch([pending])
+                return
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(_copy_error(err) if len(batch) > 1 else err)
+            return
+        if len(batch) == 1:
+            if not batch[0].future.done():
+                batch[0].future.set_result(response)
+            return
+        sequences, attempts, start = response.sequences, response.attempt_ids, 0
+        for pending in batch:
+            end = start + pending.events
+            if not pending.future.done():
+                pending.future.set_result(Response(sequences=sequences[start:end], attempt_ids=attempts[start:end]))
+            start = end
+
+
+def _copy_error(err: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+    """The same status for another caller (one exception object raised in several tasks would share tracebacks)."""
+    return grpc.aio.AioRpcError(
+        err.code(), err.initial_metadata(), err.trailing_metadata(), err.details(), err.debug_error_string()
+    )
