@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -114,6 +115,10 @@ class Proxy:
             task.cancel()
         if pending:
             log.warning("ledger at %s not synced after %.0fs; serving anyway", self.config.ledger, _STARTUP_SYNC_S)
+        # What startup built (modules, descriptors, the app) lives for good: keep it out of the collector's scans,
+        # and collect the young generation less often (a call allocates a few hundred containers).
+        gc.freeze()
+        gc.set_threshold(10_000, 10, 10)
         log.info(
             "proxy replica %s serving model %s (%d endpoint(s)), ledger %s, auth %s",
             self.coordinator.replica_id,

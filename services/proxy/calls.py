@@ -8,9 +8,11 @@ recorded the agent gets an error instead of the answer: a call is never silently
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -66,6 +68,9 @@ class ModelCalls:
         self.routing = routing
         self.upstream = upstream
         self.metrics = metrics
+        # Event ids of the calls' records: unique per process and cheaper than a uuid4 (an urandom read) each.
+        self._id_prefix = uuid.uuid4().hex
+        self._id_counter = itertools.count()
 
     async def handle(self, rollout_id: str, attempt_id: str, mode: str, api: str, raw: bytes) -> Reply | StreamSession:
         body = parse_body(raw)
@@ -146,7 +151,9 @@ class ModelCalls:
             status=status,
         )
         started = time.perf_counter()
-        await self.gateway.append(model_request_event(record))
+        event = model_request_event(record)
+        event.event_id = f"{self._id_prefix}-{next(self._id_counter)}"
+        await self.gateway.append(event)
         self.metrics.ledger_append_seconds.observe(time.perf_counter() - started)
         self.metrics.calls.labels(call.api, _STATUS_NAMES[status]).inc()
         self.metrics.call_seconds.labels(call.api).observe(latency)

@@ -58,7 +58,10 @@ def model_request_event(record: CallRecord) -> event_pb2.Event:
         stream=record.stream,
     )
     if capture.usage is not None:
-        request.usage.CopyFrom(event_pb2.TokenUsage(**capture.usage))
+        usage = request.usage
+        usage.prompt_tokens = capture.usage["prompt_tokens"]
+        usage.completion_tokens = capture.usage["completion_tokens"]
+        usage.total_tokens = capture.usage["total_tokens"]
     return event_pb2.Event(
         rollout_id=record.rollout_id,
         attempt_id=record.attempt_id,
