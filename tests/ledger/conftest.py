@@ -10,6 +10,9 @@ import grpc
 import pytest
 
 from services._gen.agl.v1 import ledger_service_pb2_grpc
+from services.ledger.ledger import Ledger
+from services.ledger.memory_store import MemoryStore
+from services.ledger.sqlite_store import SqliteStore
 from tests.support.procs import ServiceProcess, start_ledger
 
 STORES = ("memory", "sqlite")
@@ -37,3 +40,13 @@ async def stub(ledger_proc: ServiceProcess) -> AsyncIterator[ledger_service_pb2_
 def uid() -> str:
     """A unique prefix for the ids and labels of one test."""
     return uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def core(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Ledger]:
+    """The ledger's pure core in-process, over each store."""
+    store = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "l.db")
+    ledger = Ledger(store)
+    ledger.load()
+    yield ledger
+    await ledger.close()

@@ -20,7 +20,6 @@ from services.ledger.errors import (
 )
 from services.ledger.hub import Change, RolloutFilter, RolloutHub
 from services.ledger.ledger import Ledger
-from services.ledger.memory_store import MemoryStore
 from services.ledger.proxy_control import ProxyControlState
 from services.ledger.sqlite_store import SqliteStore
 from services.ledger.terminal_log import TerminalLog
@@ -135,46 +134,37 @@ def test_proxy_control_expiry_with_a_fake_clock():
     assert persisted.paused and not persisted.replicas
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-async def ledger(request, tmp_path: Path):
-    store = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "l.db")
-    core = Ledger(store)
-    core.load()
-    yield core
-    await core.close()
-
-
-async def test_core_rollout_lifecycle_and_errors(ledger: Ledger):
-    [(rollout, created)] = await ledger.create_rollouts([spec("a")])
+async def test_core_rollout_lifecycle_and_errors(core: Ledger):
+    [(rollout, created)] = await core.create_rollouts([spec("a")])
     assert created and rollout.status.state == Q
     with pytest.raises(Aborted):
-        await ledger.update_status("a", R, expected_version=5)
-    running = await ledger.update_status("a", R, attempt_id="t1", expected_version=1)
+        await core.update_status("a", R, expected_version=5)
+    running = await core.update_status("a", R, attempt_id="t1", expected_version=1)
     assert running.status.version == 2
     with pytest.raises(NotFound, match="zzz"):
-        await ledger.update_status("zzz", R)
-    seqs, attempts = await ledger.append_events([model_request("a", [1], [2], [-0.1]), reward("a", 1.0)])
+        await core.update_status("zzz", R)
+    seqs, attempts = await core.append_events([model_request("a", [1], [2], [-0.1]), reward("a", 1.0)])
     assert seqs == [1, 2] and attempts == ["t1", "t1"]
     with pytest.raises(NotFound):
-        await ledger.append_events([reward("a", 1.0), reward("nope", 1.0)])
-    done = await ledger.update_status("a", S)
+        await core.append_events([reward("a", 1.0), reward("nope", 1.0)])
+    done = await core.update_status("a", S)
     with pytest.raises(FailedPrecondition):
-        await ledger.append_events([reward("a", 1.0)], reject_terminal=True)
-    items, reached = await feeds.list_terminal(ledger, 0, {}, True, 10)
+        await core.append_events([reward("a", 1.0)], reject_terminal=True)
+    items, reached = await feeds.list_terminal(core, 0, {}, True, 10)
     assert reached == 1 and items[0][1] == done and len(items[0][2]) == 2
-    assert ledger.state_counts[S] == 1 and ledger.events_appended == 2
+    assert core.state_counts[S] == 1 and core.events_appended == 2
 
 
-async def test_core_watch_feed_snapshot_then_live(ledger: Ledger):
-    await ledger.create_rollouts([spec("a"), spec("b")])
-    feed = feeds.watch_rollouts(ledger, [Q], {}, 0)
+async def test_core_watch_feed_snapshot_then_live(core: Ledger):
+    await core.create_rollouts([spec("a"), spec("b")])
+    feed = feeds.watch_rollouts(core, [Q], {}, 0)
     got = [await anext(feed) for _ in range(3)]
     assert [g[0] for g in got] == [1, 1, 2]  # SNAPSHOT, SNAPSHOT, SYNCED
-    await ledger.update_status("a", R)
+    await core.update_status("a", R)
     _kind, revision, rollout = await asyncio.wait_for(anext(feed), 5)
     assert rollout.rollout_id == "a" and rollout.status.state == R and revision == 3
     await feed.aclose()
-    assert ledger.hub.subscriber_count == 0
+    assert core.hub.subscriber_count == 0
 
 
 async def test_sqlite_group_commit_and_restore(tmp_path: Path):

@@ -13,7 +13,6 @@ import pytest
 from services._gen.agl.v1 import event_pb2
 from services.ledger import triplet, wire
 from services.ledger.ledger import Ledger
-from services.ledger.memory_store import MemoryStore
 from services.ledger.sqlite_store import SqliteStore
 
 from .support import custom, model_request, reward, spec
@@ -160,32 +159,23 @@ def test_view_keeps_the_last_call_per_prompt_by_prompt_bytes():
     assert [e.sequence for e in triplet.triplet_view(events)] == [2, 4, 5, 6]
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-async def ledger(request, tmp_path: Path):
-    store = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "l.db")
-    core = Ledger(store)
-    core.load()
-    yield core
-    await core.close()
-
-
-async def test_stores_give_back_whole_events_and_their_triplet_forms(ledger: Ledger):
-    await ledger.create_rollouts([spec("a")])
-    await ledger.update_status("a", 2, attempt_id="t1")
+async def test_stores_give_back_whole_events_and_their_triplet_forms(core: Ledger):
+    await core.create_rollouts([spec("a")])
+    await core.update_status("a", 2, attempt_id="t1")
     rng = random.Random(3)
     appended = [_random_event(rng) for _ in range(80)]
     # What the ledger would refuse: a reward event without its payload.
     appended = [e for e in appended if e.event_type != "reward" or e.HasField("reward")]
     for i, event in enumerate(appended):
         event.rollout_id, event.attempt_id, event.event_id = "a", "", f"e{i}"
-    await ledger.append_events(appended)  # stamps sequence, attempt and time on the messages
-    full = [event_pb2.Event.FromString(data) for _, data in ledger.store.read_events("a", None, None, 0, 1000)]
+    await core.append_events(appended)  # stamps sequence, attempt and time on the messages
+    full = [event_pb2.Event.FromString(data) for _, data in core.store.read_events("a", None, None, 0, 1000)]
     assert full == appended
-    views = ledger.triplet_events("a", "t1", None)
+    views = core.triplet_events("a", "t1", None)
     assert [event_pb2.Event.FromString(data) for _, data in views] == triplet.triplet_view(appended)
-    rewards = ledger.triplet_events("a", "t1", "reward")
+    rewards = core.triplet_events("a", "t1", "reward")
     assert all(event_pb2.Event.FromString(data).event_type == "reward" for _, data in rewards)
-    assert ledger.triplet_events("a", "other-attempt", None) == []
+    assert core.triplet_events("a", "other-attempt", None) == []
 
 
 async def test_an_older_sqlite_file_is_brought_up_to_date(tmp_path: Path):
