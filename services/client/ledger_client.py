@@ -6,7 +6,8 @@ response finds the stored item instead of creating a second one. Watches reconne
 from the last revision or cursor they delivered.
 
 Concurrent `append_events` calls are coalesced into shared AppendEvents requests (see append_batcher); each
-caller still gets its own answer or its own error.
+caller still gets its own answer or its own error. The requests travel over one long-lived StreamAppendEvents
+call (see append_stream), which costs about half of what a unary call does.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from services._gen.agl.v1 import (
 )
 
 from .append_batcher import AppendBatcher
+from .append_stream import AppendStream
 from .retry import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,8 @@ _STREAM_RESUMABLE = frozenset(
 )
 _DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _APPEND_METHOD = "/agl.v1.LedgerService/AppendEvents"
+_APPEND_STREAM_METHOD = "/agl.v1.LedgerService/StreamAppendEvents"
+_STREAM_MESSAGE_BYTES = 512 * 1024
 
 
 class LedgerClient:
@@ -63,8 +67,12 @@ class LedgerClient:
         self._channel: grpc.aio.Channel | None = None
         self._stub: ledger_service_pb2_grpc.LedgerServiceStub | None = None
         self._append_raw: Callable[..., Awaitable[ledger_service_pb2.AppendEventsResponse]] | None = None
-        # A merged request stops growing past this size (a larger single call still goes, alone).
-        self._appends = AppendBatcher(self._send_append, max_batch_bytes=min(4 * 1024 * 1024, max_message_bytes // 2))
+        self._append_stream = AppendStream(self._open_append_stream, self._retry, call_timeout_s)
+        # A merged request stops growing past this size. A larger single call goes alone, as a unary call: the
+        # ledger's message limit is at least 1 MiB, so nothing sent on the stream can exceed it (one message over
+        # the limit would end the stream, and with it the other callers' requests).
+        self._max_batch_bytes = min(_STREAM_MESSAGE_BYTES, max_message_bytes // 2)
+        self._appends = AppendBatcher(self._send_append, max_batch_bytes=self._max_batch_bytes)
 
     # -- plumbing -------------------------------------------------------------------------------------------
 
@@ -94,8 +102,14 @@ class LedgerClient:
         """AppendEvents requests sent so far (fewer than append_events calls when calls were merged)."""
         return self._appends.requests
 
+    @property
+    def append_streams_opened(self) -> int:
+        """StreamAppendEvents calls opened so far (one, unless the ledger went away or restarted)."""
+        return self._append_stream.streams_opened
+
     async def close(self) -> None:
         self._appends.cancel()
+        await self._append_stream.close()
         if self._channel is not None:
             await self._channel.close()
         self._channel = None
@@ -221,11 +235,22 @@ class LedgerClient:
         return await self._appends.submit(request)
 
     async def _send_append(self, request: bytes) -> ledger_service_pb2.AppendEventsResponse:
-        """One AppendEvents request, already serialized (merged calls are plain concatenations)."""
+        """One AppendEvents request, already serialized (merged calls are plain concatenations): over the append
+        stream, or as a unary call when it is larger than a merged request may grow."""
+        if len(request) <= self._max_batch_bytes:
+            return await self._append_stream.send(request)
         if self._append_raw is None:
             _ = self.stub  # opens the channel
         assert self._append_raw is not None
         return await self._with_retries("AppendEvents", self._append_raw, request)
+
+    def _open_append_stream(self) -> grpc.aio.StreamStreamCall:
+        _ = self.stub  # opens the channel
+        assert self._channel is not None
+        call = self._channel.stream_stream(
+            _APPEND_STREAM_METHOD, response_deserializer=ledger_service_pb2.StreamAppendEventsResponse.FromString
+        )
+        return call(metadata=self._metadata)
 
     async def list_events(
         self,

@@ -217,6 +217,58 @@ async def test_appends_survive_a_ledger_restart_without_duplicates(tmp_path: Pat
         await client.close()
 
 
+async def test_appends_ride_one_stream_that_is_reopened_after_a_restart(tmp_path: Path, uid: str):
+    """Appends go over one StreamAppendEvents call; when the ledger restarts, the next append opens a new one."""
+    port = free_port()
+    store = f"sqlite:{tmp_path / 'ledger.db'}"
+    retry = RetryPolicy(attempts=200, initial_backoff_s=0.02, max_backoff_s=0.1)
+    with start_ledger(store=store, port=port, log_dir=tmp_path) as first:
+        client = LedgerClient(first.address, retry=retry)
+        await _running(client, f"{uid}-a", f"{uid}-b")
+        assert await _appender(client, f"{uid}-a", 10) == list(range(1, 11))
+        await asyncio.gather(_appender(client, f"{uid}-a", 5), _appender(client, f"{uid}-b", 5))
+        assert client.append_streams_opened == 1
+        first.kill()
+    with start_ledger(store=store, port=port, log_dir=tmp_path):
+        reply = await client.append_events([reward(f"{uid}-a", 99.0)])
+        assert list(reply.sequences) == [16]
+        assert client.append_streams_opened >= 2
+        assert (await _rewards(client, f"{uid}-a"))[-1] == 99.0
+        await client.close()
+
+
+async def test_a_wrong_key_fails_appends_at_once(tmp_path: Path):
+    with start_ledger(key="right-key", log_dir=tmp_path) as led:
+        client = LedgerClient(led.address, "wrong-key", retry=RetryPolicy(attempts=1000, max_backoff_s=0.05))
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await asyncio.wait_for(client.append_events([reward("ro-x", 1.0)]), 10)
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert client.append_streams_opened == 1  # not retried: another try cannot succeed
+        finally:
+            await client.close()
+
+
+async def test_a_call_over_the_ledger_limit_fails_alone(tmp_path: Path, uid: str):
+    """A call too large for one stream message goes as a unary call, so the ledger refusing its size fails that
+    call only: the appends sharing the stream are answered."""
+    with start_ledger(log_dir=tmp_path, extra_args=["--max-message-mb", "1"]) as led:
+        async with LedgerClient(led.address) as client:
+            ids = [f"{uid}-{i}" for i in range(8)]
+            await _running(client, *ids)
+            huge = custom(ids[0], '"' + "x" * (1536 * 1024) + '"')
+            results = await asyncio.gather(
+                client.append_events([huge]),
+                *(_appender(client, rid, 3) for rid in ids),
+                return_exceptions=True,
+            )
+            error = results.pop(0)
+            assert isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert results == [[1, 2, 3]] * 8
+            assert client.append_streams_opened == 1
+            assert await _rewards(client, ids[0]) == [0.0, 1.0, 2.0]
+
+
 def test_append_request_bytes_concatenate_into_one_request():
     """What the merging relies on: serialized AppendEventsRequests concatenate into one with all their events."""
     from services._gen.agl.v1 import ledger_service_pb2 as pb

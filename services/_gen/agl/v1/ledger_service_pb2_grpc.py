@@ -177,9 +177,10 @@ class LedgerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StreamAppendEvents(self, request_iterator, context):
-        """AppendEvents over one long-lived stream, for writers that append continuously (the proxy): each request
-        is one AppendEvents batch with the same semantics, answered in request order once durable. A failed
-        request is answered with its error and the stream goes on. Far cheaper per call than a unary RPC.
+        """AppendEvents over one long-lived stream (the shared Python client sends all its appends this way): each
+        request is one AppendEvents batch with the same semantics, staged in stream order and answered once
+        durable. A failed request is answered with its error and the stream goes on. About half the CPU and
+        round-trip time of a unary call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,194 @@
+"""AppendEvents requests carried over one long-lived StreamAppendEvents call.
+
+On this kind of machine a unary gRPC call costs about twice the client and server CPU of one message on an open
+stream, and its round trip is about twice as long (measured: 1.2-1.3 ms against 0.64 ms for a single ~3 KB event),
+so the append path, which every proxied model call waits on, sends its requests here.
+
+Each request gets an id, is written in submission order (the ledger stages them in that order, so sequences
+follow it) and is answered by the response carrying the same id. A request the ledger refuses is answered with
+its own status; the stream goes on. When the stream breaks (the ledger restarts, the connection drops), it is
+opened again with jittered backoff and every unanswered request is written again, oldest first: retrying is
+safe because the caller chose the event ids, so a request that was stored before the break is not stored twice.
+After `retry.attempts` tries in a row without an answer, the unanswered requests fail with the last status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from services._gen.agl.v1 import ledger_service_pb2
+
+from .retry import RetryPolicy
+
+log = logging.getLogger(__name__)
+
+Response = ledger_service_pb2.AppendEventsResponse
+# Opens a StreamAppendEvents call that takes serialized requests and yields parsed responses.
+OpenStream = Callable[[], grpc.aio.StreamStreamCall]
+
+# A stream that ends with one of these is opened again; anything else (a wrong key, say) fails what is pending.
+_REOPEN_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
+)
+
+
+@dataclass
+class _Unanswered:
+    frame: bytes  # the serialized StreamAppendEventsRequest
+    future: asyncio.Future[Response]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def frame(request_id: int, request: bytes) -> bytes:
+    """StreamAppendEventsRequest{request_id, append} around an already serialized AppendEventsRequest (field 1 is
+    a varint, field 2 length-delimited), so the events are not parsed and encoded again."""
+    return b"\x08" + _varint(request_id) + b"\x12" + _varint(len(request)) + request
+
+
+def _error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class AppendStream:
+    """Sends serialized AppendEventsRequests over one stream at a time; `send` returns the request's answer."""
+
+    def __init__(self, open_stream: OpenStream, retry: RetryPolicy, timeout_s: float | None) -> None:
+        self._open_stream = open_stream
+        self._retry = retry
+        self._timeout_s = timeout_s
+        self._next_id = 0
+        self._unanswered: dict[int, _Unanswered] = {}  # by request id, oldest first
+        self._outbox: collections.deque[int] = collections.deque()
+        self._wake: asyncio.Event | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self.streams_opened = 0
+
+    async def send(self, request: bytes) -> Response:
+        loop = asyncio.get_running_loop()
+        if self._runner is None or self._runner.done() or self._runner.get_loop() is not loop:
+            self._start(loop)
+        assert self._wake is not None
+        self._next_id += 1
+        request_id = self._next_id
+        future: asyncio.Future[Response] = loop.create_future()
+        self._unanswered[request_id] = _Unanswered(frame(request_id, request), future)
+        self._outbox.append(request_id)
+        self._wake.set()
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await future
+        except TimeoutError:
+            raise _error(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"the ledger did not answer within {self._timeout_s:g}s"
+            ) from None
+        finally:
+            self._unanswered.pop(request_id, None)  # answered, failed, cancelled or timed out: never written again
+
+    async def close(self) -> None:
+        if self._runner is not None and not self._runner.done():
+            self._runner.cancel()
+            await asyncio.wait([self._runner])  # its outcome does not matter: the waiters are cancelled below
+        for item in self._unanswered.values():
+            item.future.cancel()
+        self._runner = None
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._runner is not None and self._runner.get_loop() is not loop:  # the client moved to another loop
+            self._unanswered.clear()
+        self._outbox.clear()
+        self._wake = asyncio.Event()
+        self._runner = loop.create_task(self._run())
+
+    async def _run(self) -> None:
+        """Keeps one stream open while there is work, re-opening it after a break."""
+        assert self._wake is not None
+        failures = 0
+        while True:
+            if not self._unanswered:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self.streams_opened += 1
+            answered, error = await self._serve(self._open_stream())
+            failures = 0 if answered else failures + 1
+            if not self._unanswered:
+                continue
+            if error.code() not in _REOPEN_CODES or failures >= max(self._retry.attempts, 1):
+                log.debug("ledger append stream failed (%s); failing %d requests", error.code().name,
+                          len(self._unanswered))  # fmt: skip
+                for item in list(self._unanswered.values()):
+                    if not item.future.done():
+                        item.future.set_exception(_error(error.code(), error.details() or ""))
+                self._unanswered.clear()
+                failures = 0
+                continue
+            delay = self._retry.reconnect_delay(failures) if failures else 0.0
+            log.debug("ledger append stream ended (%s); re-opening in %.3fs", error.code().name, delay)
+            await asyncio.sleep(delay)
+
+    async def _serve(self, call: grpc.aio.StreamStreamCall) -> tuple[bool, grpc.aio.AioRpcError]:
+        """Writes every unanswered request (old ones first, after a break), then new ones as they come, until the
+        stream ends. Returns whether any answer came back and the status the stream ended with."""
+        assert self._wake is not None
+        wake = self._wake
+        outbox = self._outbox
+        outbox.clear()
+        outbox.extend(self._unanswered)
+        answered = False
+        ended: list[grpc.aio.AioRpcError] = []
+
+        async def read() -> None:
+            nonlocal answered
+            try:
+                while (response := await call.read()) is not grpc.aio.EOF:
+                    answered = True
+                    item = self._unanswered.pop(response.request_id, None)
+                    if item is None or item.future.done():
+                        continue
+                    if response.error_code:
+                        code = _CODES.get(response.error_code, grpc.StatusCode.UNKNOWN)
+                        item.future.set_exception(_error(code, response.error_message))
+                    else:
+                        item.future.set_result(response.append)
+                ended.append(_error(grpc.StatusCode.UNAVAILABLE, "the ledger closed the append stream"))
+            except grpc.aio.AioRpcError as err:
+                ended.append(err)
+            finally:
+                wake.set()
+
+        reader = asyncio.create_task(read())
+        try:
+            while not ended:
+                while outbox and not ended:
+                    item = self._unanswered.get(outbox.popleft())
+                    if item is not None:
+                        await call.write(item.frame)
+                if not ended:
+                    wake.clear()
+                    await wake.wait()
+        except grpc.aio.AioRpcError as err:
+            ended.append(err)
+        except asyncio.InvalidStateError:  # written after the call ended; the reader has its status
+            pass
+        finally:
+            call.cancel()
+            if not reader.done():
+                await asyncio.wait([reader])
+        return answered, ended[0] if ended else _error(grpc.StatusCode.UNAVAILABLE, "the append stream broke")
