@@ -209,7 +209,8 @@ def create_app(config: ProxyConfig) -> Starlette:
 
     async def events(request: Request) -> Response:
         rollout_id, attempt_id = scope_ids(request)
-        event = agent_event(rollout_id, attempt_id, parse_body(await _read_body(request, config.max_body_bytes)))
+        body = parse_body(await _read_body(request, config.max_body_bytes), lenient=True)
+        event = agent_event(rollout_id, attempt_id, body)
         sequence = await proxy.gateway.append(event)
         proxy.metrics.events.labels(event.event_type).inc()
         return JSONResponse(

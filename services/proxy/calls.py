@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import httpx
+import orjson
 
 from .capture import Capture, StreamAssembler, capture_response
 from .coordination import Coordinator
@@ -85,11 +86,11 @@ class ModelCalls:
                     "no_endpoint", f"No engine endpoint is registered for model {self.settings.model_name}."
                 )
             upstream_body = rewrite(body, api, mode, self.settings)
-            request_json = json.dumps(upstream_body)
+            request_bytes = orjson.dumps(upstream_body)
             stream = bool(upstream_body.get("stream"))
-            call = _Call(rollout_id, attempt_id, api, request_json, time.perf_counter(), stream)
+            call = _Call(rollout_id, attempt_id, api, request_bytes.decode(), time.perf_counter(), stream)
             result = await self.upstream.call(
-                endpoints, API_PATHS[api], request_json.encode(), stream=stream, rollout_id=rollout_id
+                endpoints, API_PATHS[api], request_bytes, stream=stream, rollout_id=rollout_id
             )
             if result.retries:
                 self.metrics.upstream_retries.inc(result.retries)
@@ -106,7 +107,7 @@ class ModelCalls:
             capture, status = Capture(model=self.settings.model_name), ERROR
             if response.status_code < 300:
                 try:
-                    capture, status = capture_response(json.loads(content), api), OK
+                    capture, status = capture_response(_engine_json(content), api), OK
                 except ValueError:
                     log.warning("rollout %s: engine answered %d with a body that is not JSON", rollout_id, 200)
             await self.record(
@@ -166,6 +167,14 @@ class ModelCalls:
                 http_status,
                 retries,
             )
+
+
+def _engine_json(data: bytes) -> object:
+    """An engine's JSON answer (or SSE chunk): the fast parser, then json for what only it takes (NaN, say)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
 
 
 def _sse_error(err: ProxyError) -> bytes:
@@ -241,14 +250,14 @@ class StreamSession:
 
     def _feed(self, data: bytes) -> None:
         try:
-            chunk = json.loads(data)
+            chunk = _engine_json(data)
         except ValueError:
             return
         if isinstance(chunk, dict):
             self.assembler.feed(chunk)
 
     async def _record(self, status: int) -> None:
-        response_json = json.dumps(self.assembler.response())
+        response_json = orjson.dumps(self.assembler.response()).decode()
         await self._calls.record(
             self._call,
             self._endpoint,

@@ -148,10 +148,13 @@ class EnginePool(httpx.AsyncBaseTransport):
             lines = [line for line in lines if not line.lower().startswith(b"transfer-encoding:")]
             lines.append(b"content-length: %d" % len(body))
         payload = b"\r\n".join(lines) + b"\r\n\r\n" + body
-        try:
-            await _within(self._slots.acquire(), timeouts.get("pool"))
-        except _TIMEOUTS:
-            raise httpx.PoolTimeout("no free connection slot") from None
+        if self._slots.locked():  # all slots busy: wait for one, within the pool timeout
+            try:
+                await _within(self._slots.acquire(), timeouts.get("pool"))
+            except _TIMEOUTS:
+                raise httpx.PoolTimeout("no free connection slot") from None
+        else:
+            await self._slots.acquire()  # returns at once (no timer to arm)
         try:
             return await self._exchange(request, key, payload, timeouts)
         except BaseException:

@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from .errors import ProxyError
 
 CHAT = "chat.completions"
@@ -25,12 +27,19 @@ class RewriteSettings:
     completion_logprobs: int = 1
 
 
-def parse_body(raw: bytes) -> dict[str, Any]:
-    """The JSON object of a request body (400 otherwise)."""
+def parse_body(raw: bytes, *, lenient: bool = False) -> dict[str, Any]:
+    """The JSON object of a request body (400 otherwise). Strict JSON: a model call with NaN or Infinity in it is
+    refused here rather than forwarded changed. `lenient` also takes what Python's json does, so that an agent's
+    event with a NaN reward gets the 422 that names the problem."""
     try:
-        body = json.loads(raw)
-    except ValueError as err:
-        raise ProxyError("invalid_json", f"The body is not valid JSON: {err}") from None
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        if not lenient:
+            raise ProxyError("invalid_json", f"The body is not valid JSON: {err}") from None
+        try:
+            body = json.loads(raw)
+        except ValueError as err:
+            raise ProxyError("invalid_json", f"The body is not valid JSON: {err}") from None
     if not isinstance(body, dict):
         raise ProxyError("invalid_json", "The body must be a JSON object.")
     return body
