@@ -5,7 +5,9 @@ Run: .venv/bin/python bench/ledger_bench.py [--stores memory,sqlite] [--quick]
 Each figure comes from a real ledger subprocess on loopback. Clients run in separate processes (so the client
 side does not share the ledger's interpreter); server CPU is read from /proc/<pid>/stat of the ledger, memory
 from /proc/<pid>/status (VmRSS). "single via LedgerClient": 32 concurrent callers in one process share one
-LedgerClient, which merges the calls that arrive while a request is in flight into the next request.
+LedgerClient, which merges the calls that arrive while a request is in flight into the next request and sends the
+requests over one StreamAppendEvents call; "... x2 procs": the same 32 callers split over two processes (say, two
+proxy replicas), each with its own LedgerClient.
 """
 
 from __future__ import annotations
@@ -358,6 +360,9 @@ def bench_store(kind: str, quick: bool, pool, procs: int) -> dict[str, object]:
         out["coalesced_single"] = appends(
             ledger, pool, 1, 32, int(5120 * scale), 1, "coalesced", worker=coalesced_worker
         )  # one process: the 32 callers share one client
+        out["coalesced_single_2procs"] = appends(
+            ledger, pool, 2, 32, int(5120 * scale), 1, "coalesced2", worker=coalesced_worker
+        )  # two processes of 16 callers, one client each
         out["batch32"] = appends(ledger, pool, procs, 32, int(32768 * scale), 32, "batch")
         out["creates_single_per_s"] = creates(ledger, pool, procs, 16, int(2048 * scale), 1, "cs")
         out["creates_batch100_per_s"] = creates(ledger, pool, procs, 4, int(24000 * scale), 100, "cb")
@@ -392,6 +397,8 @@ def report(kind: str, r: dict) -> None:
     print(_line("single appends (stream)", r["stream_single"]))
     coalesced = r["coalesced_single"]
     print(_line("single via LedgerClient", coalesced) + f"   {coalesced['events_per_request']:.1f} events/request")
+    two = r["coalesced_single_2procs"]
+    print(_line("  ... x2 procs", two) + f"   {two['events_per_request']:.1f} events/request")
     print(_line("batched appends (32)", r["batch32"]))
     print(
         f"{'rollouts created':<24}{r['creates_single_per_s']:8.0f} /s one per call, "

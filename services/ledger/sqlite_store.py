@@ -78,6 +78,9 @@ MAX_BATCH = 4096
 
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    # Takes effect only when the file is created. A ~3 KB event fills most of a 4 KiB page, and WAL writes one
+    # frame (one write call) per page; 16 KiB pages cut the writer thread's CPU per event by about a fifth.
+    conn.execute("PRAGMA page_size=16384")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA busy_timeout=10000")
