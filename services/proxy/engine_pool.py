@@ -144,7 +144,9 @@ class EnginePool(httpx.AsyncBaseTransport):
         body = b"".join([part async for part in request.stream])  # type: ignore[union-attr]
         lines = [b"%s %s HTTP/1.1" % (request.method.encode(), url.raw_path)]
         lines += [b"%s: %s" % (name, value) for name, value in request.headers.raw]
-        if body and "content-length" not in request.headers:
+        # Streamed content comes with Transfer-Encoding: chunked; it was read whole, so it goes with a length
+        # instead (content-length: 0 when the stream was empty: a chunked header without chunks would hang).
+        if "content-length" not in request.headers and (body or "transfer-encoding" in request.headers):
             lines = [line for line in lines if not line.lower().startswith(b"transfer-encoding:")]
             lines.append(b"content-length: %d" % len(body))
         payload = b"\r\n".join(lines) + b"\r\n\r\n" + body
