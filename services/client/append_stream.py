@@ -115,6 +115,18 @@ class AppendStream:
         self._outbox.clear()
         self._wake = asyncio.Event()
         self._runner = loop.create_task(self._run())
+        self._runner.add_done_callback(self._stopped)
+
+    def _stopped(self, runner: asyncio.Task[None]) -> None:
+        """The runner only ends when cancelled (closing) or by a bug: then nobody may be left waiting."""
+        if runner.cancelled() or runner.exception() is None:
+            return
+        error = runner.exception()
+        log.error("the ledger append stream stopped unexpectedly: %r", error)
+        for item in self._unanswered.values():
+            if not item.future.done():
+                item.future.set_exception(_error(grpc.StatusCode.INTERNAL, f"the append stream failed: {error!r}"))
+        self._unanswered.clear()
 
     async def _run(self) -> None:
         """Keeps one stream open while there is work, re-opening it after a break."""
