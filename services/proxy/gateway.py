@@ -6,8 +6,8 @@ can be stale in one direction only (a rollout that just finished): the append us
 call still gets 409 and leaves nothing in the ledger.
 
 Appends go through LedgerClient.append_events, which merges concurrent calls into shared AppendEvents requests
-and retries UNAVAILABLE for a while; the proxy bounds the whole append by its ledger timeout, after which the
-agent gets 503 rather than being left waiting.
+sent over one long-lived append stream, re-opened when the ledger goes away for a while; the proxy bounds the
+whole append by its ledger timeout, after which the agent gets 503 rather than being left waiting.
 """
 
 from __future__ import annotations
