@@ -208,8 +208,9 @@ async def bench(args: argparse.Namespace) -> None:
             # The direct calls carry what the proxy would add, so both sides do the same engine work.
             direct_body = {**CHAT, "temperature": 1.0, "return_token_ids": True, "logprobs": True}
 
-            await load(standin_port, direct_path, direct_body, 8, 200)
-            await load(proxy_port, proxied_paths, CHAT, 8, 200)  # warm-up (connections, caches)
+            # Warm-up at full concurrency, so that no measured round pays for opening connections.
+            await load(standin_port, direct_path, direct_body, args.clients, 4 * args.clients)
+            await load(proxy_port, proxied_paths, CHAT, args.clients, 4 * args.clients)
 
             single = args.single
             report(
