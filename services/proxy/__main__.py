@@ -8,6 +8,7 @@ import uvicorn
 
 from .app import create_app
 from .config import parse_config
+from .serving import CoalescingHttpToolsProtocol
 
 
 def main() -> None:
@@ -21,6 +22,7 @@ def main() -> None:
         "access_log": False,
         "timeout_keep_alive": 75,
         "backlog": 4096,
+        "http": CoalescingHttpToolsProtocol,  # one send per answer instead of two (see serving.py)
     }
     if config.workers > 1:
         uvicorn.run("services.proxy.app:app_from_argv", factory=True, workers=config.workers, **options)
