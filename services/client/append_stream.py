@@ -92,9 +92,9 @@ class AppendStream:
         self._outbox.append(request_id)
         self._wake.set()
         try:
-            async with asyncio.timeout(self._timeout_s):
-                return await future
-        except TimeoutError:
+            # wait_for, not asyncio.timeout: the client also runs on Python 3.10 (inside trainer images)
+            return await asyncio.wait_for(future, self._timeout_s)
+        except asyncio.TimeoutError:
             raise _error(
                 grpc.StatusCode.DEADLINE_EXCEEDED, f"the ledger did not answer within {self._timeout_s:g}s"
             ) from None

@@ -7,6 +7,8 @@ stored once and in each caller's order, whatever else shared the request.
 from __future__ import annotations
 
 import asyncio
+import signal
+import time
 from pathlib import Path
 
 import grpc
@@ -235,6 +237,28 @@ async def test_appends_ride_one_stream_that_is_reopened_after_a_restart(tmp_path
         assert client.append_streams_opened >= 2
         assert (await _rewards(client, f"{uid}-a"))[-1] == 99.0
         await client.close()
+
+
+async def test_an_append_the_ledger_does_not_answer_in_time_fails_and_the_stream_goes_on(tmp_path: Path, uid: str):
+    """The ledger process is stopped (SIGSTOP: connection open, nothing answers): the append fails with
+    DEADLINE_EXCEEDED after the call timeout; once the ledger runs again, appends work and the late one is there."""
+    with start_ledger(log_dir=tmp_path) as led:
+        async with LedgerClient(led.address, call_timeout_s=0.5) as client:
+            rid = f"{uid}-r"
+            await _running(client, rid)
+            await client.append_events([reward(rid, 0.0)])
+            led.proc.send_signal(signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await client.append_events([reward(rid, 1.0, event_id=f"{rid}-late")])
+                assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                assert 0.4 < time.monotonic() - started < 5
+            finally:
+                led.proc.send_signal(signal.SIGCONT)
+            reply = await client.append_events([reward(rid, 2.0)])
+            assert list(reply.sequences) == [3]  # the late append was stored when the ledger woke up
+            assert await _rewards(client, rid) == [0.0, 1.0, 2.0]
 
 
 async def test_a_wrong_key_fails_appends_at_once(tmp_path: Path):
