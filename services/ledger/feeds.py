@@ -13,7 +13,8 @@ from services._gen.agl.v1 import ledger_service_pb2, model_pb2, proxy_control_pb
 
 from .errors import InvalidArgument, OutOfRange
 from .hub import RolloutFilter
-from .ledger import Entry, Ledger, page_size
+from .ledger import Entry, Ledger
+from .paging import page_size
 
 SNAPSHOT = ledger_service_pb2.ROLLOUT_CHANGE_TYPE_SNAPSHOT
 SYNCED = ledger_service_pb2.ROLLOUT_CHANGE_TYPE_SYNCED

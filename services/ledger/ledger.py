@@ -17,9 +17,10 @@ from collections.abc import Iterable, Mapping
 from services._gen.agl.v1 import event_pb2, ledger_service_pb2, model_pb2, proxy_control_pb2, rollout_pb2
 
 from . import states
-from .errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from .errors import Aborted, FailedPrecondition, NotFound
 from .hub import Change, RolloutFilter, RolloutHub
 from .model_registry import ModelRegistry
+from .paging import page_size, parse_token
 from .proxy_control import ProxyControlState
 from .store import DELETE_MODEL, DELETE_ROLLOUT, PUT_EVENT, PUT_META, PUT_MODEL, PUT_ROLLOUT, Op, Store
 from .terminal_log import TerminalLog
@@ -53,24 +54,6 @@ class Entry:
         self.next_seq = 1
         self.event_ids: dict[str, tuple[int, str]] | None = None  # event_id -> (sequence, attempt_id)
         self.lsn = 0  # store write of the last change
-
-
-def page_size(requested: int, default: int, maximum: int) -> int:
-    if requested < 0:
-        raise InvalidArgument("page_size must not be negative")
-    return min(requested or default, maximum)
-
-
-def parse_token(token: str) -> int:
-    if not token:
-        return 0
-    try:
-        value = int(token)
-    except ValueError:
-        raise InvalidArgument(f"page_token {token!r} is not a token this ledger issued") from None
-    if value < 0:
-        raise InvalidArgument(f"page_token {token!r} is not a token this ledger issued")
-    return value
 
 
 class Ledger:

@@ -22,7 +22,8 @@ from services._gen.agl.v1 import ledger_service_pb2 as pb
 from services._gen.agl.v1 import rollout_pb2
 
 from . import errors, feeds, wire
-from .ledger import DELETE, Ledger, page_size, parse_token
+from .ledger import DELETE, Ledger
+from .paging import page_size, parse_token
 
 log = logging.getLogger(__name__)
 
