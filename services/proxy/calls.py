@@ -25,7 +25,7 @@ from .errors import ProxyError
 from .gateway import LedgerGateway
 from .metrics import ProxyMetrics
 from .recording import ERROR, INCOMPLETE, OK, CallRecord, model_request_event
-from .rewrite import CHAT, RewriteSettings, parse_body, rewrite, validate
+from .rewrite import CHAT, RewriteSettings, loads_lenient, parse_body, rewrite, validate
 from .routing import Endpoint, RoutingTable
 from .sse import DONE, SSESplitter
 from .upstream import Upstream
@@ -107,7 +107,7 @@ class ModelCalls:
             capture, status = Capture(model=self.settings.model_name), ERROR
             if response.status_code < 300:
                 try:
-                    capture, status = capture_response(_engine_json(content), api), OK
+                    capture, status = capture_response(loads_lenient(content), api), OK
                 except ValueError:
                     log.warning("rollout %s: engine answered %d with a body that is not JSON", rollout_id, 200)
             await self.record(
@@ -167,14 +167,6 @@ class ModelCalls:
                 http_status,
                 retries,
             )
-
-
-def _engine_json(data: bytes) -> object:
-    """An engine's JSON answer (or SSE chunk): the fast parser, then json for what only it takes (NaN, say)."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
 
 
 def _sse_error(err: ProxyError) -> bytes:
@@ -250,7 +242,7 @@ class StreamSession:
 
     def _feed(self, data: bytes) -> None:
         try:
-            chunk = _engine_json(data)
+            chunk = loads_lenient(data)
         except ValueError:
             return
         if isinstance(chunk, dict):

@@ -27,19 +27,22 @@ class RewriteSettings:
     completion_logprobs: int = 1
 
 
+def loads_lenient(data: bytes) -> Any:
+    """JSON text parsed by the fast parser, then by json for what only json takes (NaN, Infinity)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
 def parse_body(raw: bytes, *, lenient: bool = False) -> dict[str, Any]:
     """The JSON object of a request body (400 otherwise). Strict JSON: a model call with NaN or Infinity in it is
     refused here rather than forwarded changed. `lenient` also takes what Python's json does, so that an agent's
     event with a NaN reward gets the 422 that names the problem."""
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as err:
-        if not lenient:
-            raise ProxyError("invalid_json", f"The body is not valid JSON: {err}") from None
-        try:
-            body = json.loads(raw)
-        except ValueError as err:
-            raise ProxyError("invalid_json", f"The body is not valid JSON: {err}") from None
+        body = loads_lenient(raw) if lenient else orjson.loads(raw)
+    except ValueError as err:  # orjson.JSONDecodeError and json.JSONDecodeError both are
+        raise ProxyError("invalid_json", f"The body is not valid JSON: {err}") from None
     if not isinstance(body, dict):
         raise ProxyError("invalid_json", "The body must be a JSON object.")
     return body

@@ -97,6 +97,23 @@ async def test_malformed_json_is_400_and_nothing_is_recorded(proxy, client) -> N
     assert await recorded(client, rollout_id) == []
 
 
+async def test_nan_in_a_model_call_is_400_but_a_nan_reward_is_the_422_that_names_it(proxy, client) -> None:
+    """Model-call bodies are strict JSON (NaN would otherwise reach the engine changed); an agent's event is parsed
+    leniently, so a NaN reward gets the reward check's message."""
+    rollout_id = await new_rollout(client)
+    url = f"{base_url(proxy, rollout_id)}/chat/completions"
+    body = b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}'
+    response = httpx.post(url, content=body, headers={**AUTH, "content-type": "application/json"})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+    reward = httpx.post(
+        event_url(proxy, rollout_id),
+        content=b'{"event_type": "reward", "data": {"value": NaN}}',
+        headers={**AUTH, "content-type": "application/json"},
+    )
+    assert reward.status_code == 422 and "value" in reward.json()["error"]["message"]
+    assert await recorded(client, rollout_id) == []
+
+
 async def test_body_over_the_limit_is_413_with_or_without_content_length(proxy, client) -> None:
     rollout_id = await new_rollout(client)
     big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * BODY_LIMIT}]}
