@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import grpc
 
 from services._gen.agl.v1 import ledger_service_pb2
+from services.ledger import wire  # plain protobuf wire encoding, no server code
 
 from .retry import RetryPolicy
 
@@ -44,19 +45,10 @@ class _Unanswered:
     future: asyncio.Future[Response]
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def frame(request_id: int, request: bytes) -> bytes:
     """StreamAppendEventsRequest{request_id, append} around an already serialized AppendEventsRequest (field 1 is
     a varint, field 2 length-delimited), so the events are not parsed and encoded again."""
-    return b"\x08" + _varint(request_id) + b"\x12" + _varint(len(request)) + request
+    return b"\x08" + wire.varint(request_id) + wire.field(2, request)
 
 
 def _error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
