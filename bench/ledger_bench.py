@@ -375,6 +375,9 @@ def bench_store(kind: str, quick: bool, pool, procs: int) -> dict[str, object]:
         out["rss_kib_per_event"] = (ledger.rss_bytes() - rss0) / stored / 1024
         out["rss_mib_per_100k_events"] = (ledger.rss_bytes() - rss0) / stored * 100_000 / 2**20
         out["single_late"] = appends(ledger, pool, procs, 32, int(5120 * scale), 1, "late")
+        out["coalesced_late"] = appends(
+            ledger, pool, 1, 32, int(5120 * scale), 1, "coalesced-late", worker=coalesced_worker
+        )
     finally:
         ledger.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -412,6 +415,11 @@ def report(kind: str, r: dict) -> None:
     print(
         f"{'slowest single append':<24}{early['max_ms']:.1f} ms early (empty ledger) vs {late['max_ms']:.1f} ms late "
         f"(after the bulk load); p99 {early['p99_ms']:.1f} vs {late['p99_ms']:.1f} ms"
+    )
+    early, late = r["coalesced_single"], r["coalesced_late"]
+    print(
+        f"{'  ... via LedgerClient':<24}{early['max_ms']:.1f} ms early vs {late['max_ms']:.1f} ms late; "
+        f"p99 {early['p99_ms']:.1f} vs {late['p99_ms']:.1f} ms"
     )
     print(json.dumps({kind: {k: v for k, v in r.items()}}, default=float))
 
