@@ -67,14 +67,15 @@ class AppendBatcher:
         self._lanes = {flag: _AppendLane() for flag in (False, True)}
         self.requests = 0  # AppendEvents requests sent (merged or not)
 
-    async def submit(self, request: ledger_service_pb2.AppendEventsRequest) -> Response:
-        """Sends the request's events, merged with whatever else is waiting; returns this request's part."""
+    async def submit(self, request: bytes, events: int, reject_terminal: bool) -> Response:
+        """Sends a serialized AppendEventsRequest of `events` events (its reject_terminal flag given too), merged
+        with whatever else is waiting; returns this request's part of the answer."""
         loop = asyncio.get_running_loop()
-        lane = self._lanes[request.reject_terminal]
+        lane = self._lanes[reject_terminal]
         if lane.sender is not None and lane.sender.get_loop() is not loop:  # the client moved to another loop
             lane.sender, lane.queue = None, collections.deque()
         future: asyncio.Future[Response] = loop.create_future()
-        lane.queue.append(_PendingAppend(request.SerializeToString(), len(request.events), future))
+        lane.queue.append(_PendingAppend(request, events, future))
         if lane.sender is None or lane.sender.done():
             lane.sender = asyncio.create_task(self._drain(lane))
         return await future

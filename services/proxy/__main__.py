@@ -20,6 +20,8 @@ def main() -> None:
         "port": config.port,
         "log_level": config.log_level.lower(),
         "access_log": False,
+        # Nothing reads the client address (no access log), so X-Forwarded-* need not be parsed on every request.
+        "proxy_headers": False,
         "timeout_keep_alive": 75,
         "backlog": 4096,
         "http": CoalescingHttpToolsProtocol,  # one send per answer instead of two (see serving.py)

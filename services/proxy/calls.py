@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import orjson
+from prometheus_client import Counter, Histogram
 
 from .capture import Capture, StreamAssembler, capture_response
 from .coordination import Coordinator
@@ -69,6 +70,9 @@ class ModelCalls:
         self.routing = routing
         self.upstream = upstream
         self.metrics = metrics
+        self._call_metrics: dict[
+            tuple[str, int], tuple[Counter, Histogram]
+        ] = {}  # labelled children, by api and status
         # Event ids of the calls' records: unique per process and cheaper than a uuid4 (an urandom read) each.
         self._id_prefix = uuid.uuid4().hex
         self._id_counter = itertools.count()
@@ -156,8 +160,14 @@ class ModelCalls:
         event.event_id = f"{self._id_prefix}-{next(self._id_counter)}"
         await self.gateway.append(event)
         self.metrics.ledger_append_seconds.observe(time.perf_counter() - started)
-        self.metrics.calls.labels(call.api, _STATUS_NAMES[status]).inc()
-        self.metrics.call_seconds.labels(call.api).observe(latency)
+        counted = self._call_metrics.get((call.api, status))
+        if counted is None:  # labels() takes a lock and validates names: looked up once per api and outcome
+            counted = self._call_metrics[call.api, status] = (
+                self.metrics.calls.labels(call.api, _STATUS_NAMES[status]),
+                self.metrics.call_seconds.labels(call.api),
+            )
+        counted[0].inc()
+        counted[1].observe(latency)
         if status != OK:
             log.info(
                 "rollout %s: %s call recorded as %s (HTTP %d, %d retries)",

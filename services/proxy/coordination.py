@@ -40,6 +40,7 @@ class Coordinator:
         self.ttl_s = ttl_s
         self.metrics = metrics
         self.in_flight = 0
+        metrics.in_flight.set_function(lambda: self.in_flight)  # read at scrape time, not set twice per call
         self.paused = False
         self.retry_after = 5
         self.reason = ""
@@ -58,11 +59,9 @@ class Coordinator:
             self.in_flight -= 1
             message = "The proxy is paused" + (f" ({self.reason})" if self.reason else "") + "; retry later."
             raise ProxyError("paused", message, headers={"Retry-After": str(self.retry_after)})
-        self.metrics.in_flight.set(self.in_flight)
 
     def leave(self) -> None:
         self.in_flight -= 1
-        self.metrics.in_flight.set(self.in_flight)
         if self.paused and self.in_flight == 0:
             self._report_now.set()
 

@@ -43,6 +43,7 @@ class _Connection:
         self.writer = writer
         self.idle_since = 0.0
         self.reused = False
+        self.head_read = False  # in the current exchange
 
     def usable(self, now: float, expiry_s: float) -> bool:
         return not self.reader.at_eof() and not self.writer.is_closing() and now - self.idle_since < expiry_s
@@ -66,20 +67,20 @@ def _parse_head(head: bytes) -> tuple[int, bytes, list[tuple[bytes, bytes]], byt
 
 
 class _Body(httpx.AsyncByteStream):
-    """A response body; the connection goes back to the pool once the body has been read to its end."""
+    """A chunked or close-delimited response body, read as the caller iterates it; the connection goes back to the
+    pool once the body has been read to its end."""
 
     def __init__(
         self,
         pool: EnginePool,
         key: tuple[str, str, int],
         conn: _Connection,
-        length: int | None,
         chunked: bool,
         keep_alive: bool,
         read_timeout: float | None,
     ) -> None:
         self._pool, self._key, self._conn = pool, key, conn
-        self._length, self._chunked, self._keep_alive = length, chunked, keep_alive
+        self._chunked, self._keep_alive = chunked, keep_alive
         self._timeout = read_timeout
         self._complete = False
         self._closed = False
@@ -97,14 +98,6 @@ class _Body(httpx.AsyncByteStream):
                         break
                     data = await _within(reader.readexactly(size + 2), self._timeout)
                     yield data[:-2]
-            elif self._length is not None:
-                left = self._length
-                while left > 0:
-                    data = await _within(reader.read(min(left, _READ_SIZE)), self._timeout)
-                    if not data:
-                        raise httpx.RemoteProtocolError("the engine closed the connection mid-body")
-                    left -= len(data)
-                    yield data
             else:
                 self._keep_alive = False
                 while data := await _within(reader.read(_READ_SIZE), self._timeout):
@@ -141,7 +134,10 @@ class EnginePool(httpx.AsyncBaseTransport):
             raise httpx.UnsupportedProtocol(f"unsupported scheme {url.scheme!r}")
         key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
-        body = b"".join([part async for part in request.stream])  # type: ignore[union-attr]
+        try:
+            body = request.content  # bytes content was read when the request was built
+        except httpx.RequestNotRead:
+            body = b"".join([part async for part in request.stream])  # type: ignore[union-attr]
         lines = [b"%s %s HTTP/1.1" % (request.method.encode(), url.raw_path)]
         lines += [b"%s: %s" % (name, value) for name, value in request.headers.raw]
         # Streamed content comes with Transfer-Encoding: chunked; it was read whole, so it goes with a length
@@ -169,21 +165,37 @@ class EnginePool(httpx.AsyncBaseTransport):
         read_timeout = timeouts.get("read")
         while True:
             conn = self._take(key) or await self._connect(key, timeouts.get("connect"))
+            conn.head_read = False
             try:
                 conn.writer.write(payload)
-                head = await _within(conn.reader.readuntil(b"\r\n\r\n"), read_timeout)
-                while head[9:10] == b"1" and not head.startswith(b"HTTP/1.1 101"):  # skip 1xx interim answers
-                    head = await _within(conn.reader.readuntil(b"\r\n\r\n"), read_timeout)
-                break
+                # One timer for the head and a Content-Length body: they come together (the engine writes its
+                # answer when it is complete), and arming a timer per read was a measurable share of the CPU.
+                return await _within(self._answer(request, key, conn, read_timeout), read_timeout)
             except _TIMEOUTS:
                 conn.close()
                 raise httpx.ReadTimeout("timed out waiting for the engine's answer") from None
             except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, OSError) as err:
                 conn.close()
-                nothing_read = not isinstance(err, asyncio.IncompleteReadError) or not err.partial
+                nothing_read = not conn.head_read and (
+                    not isinstance(err, asyncio.IncompleteReadError) or not err.partial
+                )
                 if conn.reused and nothing_read:
                     continue  # the engine had closed this idle connection: the request never reached it
                 raise httpx.ReadError(f"the engine connection failed: {err!r}") from None
+            except BaseException:
+                conn.close()
+                raise
+
+    async def _answer(
+        self, request: httpx.Request, key: tuple[str, str, int], conn: _Connection, read_timeout: float | None
+    ) -> httpx.Response:
+        """Reads the answer's head; a Content-Length body is read here too and the connection given back at once,
+        any other body (chunked, such as an SSE stream, or ended by close) is read as the caller iterates it."""
+        reader = conn.reader
+        head = await reader.readuntil(b"\r\n\r\n")
+        while head[9:10] == b"1" and not head.startswith(b"HTTP/1.1 101"):  # skip 1xx interim answers
+            head = await reader.readuntil(b"\r\n\r\n")
+        conn.head_read = True
         status, reason, headers, version = _parse_head(head[:-4])
         length: int | None = None
         chunked = False
@@ -191,6 +203,8 @@ class EnginePool(httpx.AsyncBaseTransport):
         for name, value in headers:
             lowered = name.lower()
             if lowered == b"content-length":
+                if not value.isdigit():
+                    raise httpx.RemoteProtocolError(f"malformed content-length {value[:40]!r}")
                 length = int(value)
             elif lowered == b"transfer-encoding":
                 chunked = b"chunked" in value.lower()
@@ -198,10 +212,14 @@ class EnginePool(httpx.AsyncBaseTransport):
                 keep_alive = b"close" not in value.lower() and (keep_alive or b"keep-alive" in value.lower())
         if request.method == "HEAD" or status in _NO_BODY_STATUSES:
             length, chunked = 0, False
-        stream = _Body(self, key, conn, None if chunked else length, chunked, keep_alive, read_timeout)
-        return httpx.Response(
-            status, headers=headers, stream=stream, extensions={"http_version": version, "reason_phrase": reason}
-        )
+        extensions = {"http_version": version, "reason_phrase": reason}
+        if chunked or length is None:
+            stream = _Body(self, key, conn, chunked, keep_alive, read_timeout)
+            return httpx.Response(status, headers=headers, stream=stream, extensions=extensions)
+        body = await reader.readexactly(length) if length else b""
+        response = httpx.Response(status, headers=headers, content=body, extensions=extensions)
+        self._release(key, conn, reusable=keep_alive)
+        return response
 
     def _take(self, key: tuple[str, str, int]) -> _Connection | None:
         idle = self._idle.get(key)

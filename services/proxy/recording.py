@@ -37,31 +37,32 @@ class CallRecord:
     status: int
 
 
+_USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
 def model_request_event(record: CallRecord) -> event_pb2.Event:
     capture = record.capture
-    request = event_pb2.ModelRequest(
-        request_json=record.request_json,
-        response_json=record.response_json,
-        prompt_token_ids=capture.prompt_token_ids,
-        response_token_ids=capture.response_token_ids,
-        response_logprobs=capture.response_logprobs if capture.has_logprobs else (),
-        has_response_logprobs=capture.has_logprobs,
-        model=capture.model,
-        model_version=record.model_version,
-        endpoint=record.endpoint,
-        latency_seconds=record.latency_s,
-        http_status=record.http_status,
-        retry_count=record.retry_count,
-        finish_reason=capture.finish_reason,
-        status=record.status,
-        api=record.api,
-        stream=record.stream,
-    )
+    # The ModelRequest goes in as keyword values rather than as a message: a message would be built, then copied.
+    request: dict[str, Any] = {
+        "request_json": record.request_json,
+        "response_json": record.response_json,
+        "prompt_token_ids": capture.prompt_token_ids,
+        "response_token_ids": capture.response_token_ids,
+        "response_logprobs": capture.response_logprobs if capture.has_logprobs else (),
+        "has_response_logprobs": capture.has_logprobs,
+        "model": capture.model,
+        "model_version": record.model_version,
+        "endpoint": record.endpoint,
+        "latency_seconds": record.latency_s,
+        "http_status": record.http_status,
+        "retry_count": record.retry_count,
+        "finish_reason": capture.finish_reason,
+        "status": record.status,
+        "api": record.api,
+        "stream": record.stream,
+    }
     if capture.usage is not None:
-        usage = request.usage
-        usage.prompt_tokens = capture.usage["prompt_tokens"]
-        usage.completion_tokens = capture.usage["completion_tokens"]
-        usage.total_tokens = capture.usage["total_tokens"]
+        request["usage"] = {name: capture.usage[name] for name in _USAGE_FIELDS}
     return event_pb2.Event(
         rollout_id=record.rollout_id,
         attempt_id=record.attempt_id,

@@ -140,6 +140,22 @@ async def test_a_repeated_event_id_in_one_merge_is_stored_once(client: LedgerCli
     assert await _rewards(client, rid) == [1.0]
 
 
+async def test_events_without_an_id_get_one_and_the_callers_events_are_left_alone(client: LedgerClient, uid: str):
+    rid = f"{uid}-r"
+    await _running(client, rid)
+    mine = [reward(rid, 1.0), reward(rid, 2.0, event_id="chosen"), custom(rid, '{"k": "v"}')]
+    before = [e.SerializeToString() for e in mine]
+    reply = await client.append_events(mine, reject_terminal=True)
+    assert list(reply.sequences) == [1, 2, 3] and list(reply.attempt_ids) == ["a1"] * 3
+    assert [e.SerializeToString() for e in mine] == before  # not filled in on the caller's objects
+    stored = await client.list_events(rid)
+    assert [e.event_type for e in stored] == ["reward", "reward", "note"]
+    assert [e.reward.value for e in stored[:2]] == [1.0, 2.0] and stored[2].data_json == '{"k": "v"}'
+    assert stored[1].event_id == "chosen"
+    filled = [stored[0].event_id, stored[2].event_id]
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in filled) and filled[0] != filled[1]
+
+
 async def test_a_caller_cancelled_before_sending_sends_nothing(client: LedgerClient, uid: str):
     rid = f"{uid}-r"
     await _running(client, rid)

@@ -112,3 +112,30 @@ async def test_drain_times_out_when_a_call_outlasts_it(proxies, client: LedgerCl
         assert (await slow).status_code == 200  # a call already running is never cut by a pause
         final = (await http.post(f"{second.url}/admin/drain", json={"timeout_seconds": 10})).json()
         assert final["drained"] is True
+
+
+def _metric(proxy: Http, sample: str) -> float:
+    """The value of one sample line of the proxy's /metrics, such as 'agl_proxy_in_flight'."""
+    for line in httpx.get(f"{proxy.url}/metrics").text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == sample:
+            return float(value)
+    return 0.0
+
+
+async def test_metrics_show_calls_in_flight_and_count_them_by_outcome(proxies, client: LedgerClient) -> None:
+    first = proxies[0]
+    ok = 'agl_proxy_model_calls_total{api="chat.completions",outcome="ok"}'
+    timed = 'agl_proxy_model_call_seconds_count{api="chat.completions"}'
+    appended = "agl_proxy_ledger_append_seconds_count"
+    before = {name: _metric(first, name) for name in (ok, timed, appended)}
+    rollouts = [await new_rollout(client) for _ in range(3)]
+    async with httpx.AsyncClient(headers=AUTH, timeout=30) as http:
+        slow = [asyncio.ensure_future(chat(http, first, r, SLOW)) for r in rollouts]
+        deadline = time.monotonic() + 10
+        while _metric(first, "agl_proxy_in_flight") != 3:
+            assert time.monotonic() < deadline, "agl_proxy_in_flight never showed the 3 calls"
+            await asyncio.sleep(0.02)
+        assert [response.status_code for response in await asyncio.gather(*slow)] == [200, 200, 200]
+    assert _metric(first, "agl_proxy_in_flight") == 0
+    assert {name: _metric(first, name) - before[name] for name in before} == {ok: 3, timed: 3, appended: 3}

@@ -132,6 +132,45 @@ def test_capture_without_or_with_malformed_logprobs_is_null_not_an_error() -> No
     assert capture.response_token_ids == gen.choices[0].token_ids
 
 
+@pytest.mark.parametrize(
+    "token_ids, logprobs_content",
+    [
+        ([1, True, 3], None),  # a JSON true among the token ids
+        ([1, 2.0, 3], None),
+        ([1, "2", 3], None),
+        (None, [{"token": "x", "logprob": None}]),
+        (None, [{"token": "x"}]),  # no logprob key
+        (None, ["x"]),  # an entry that is not an object
+        (None, [{"token": "x", "logprob": False}]),
+    ],
+)
+def test_capture_refuses_token_ids_and_logprobs_of_the_wrong_type(token_ids, logprobs_content) -> None:
+    tok = ToyTokenizer()
+    request = {"messages": [{"role": "user", "content": "hi"}], "return_token_ids": True, "logprobs": True}
+    body = full_body(generate_chat(request, MODEL, tok), tok)
+    choice = body["choices"][0]
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+        capture = capture_response(body, CHAT)
+        assert capture.response_token_ids == [] and not capture.has_logprobs  # no ids, so no log-probs to pair
+    else:
+        choice["token_ids"] = [7]
+        choice["logprobs"] = {"content": logprobs_content}
+        capture = capture_response(body, CHAT)
+        assert capture.response_token_ids == [7] and not capture.has_logprobs and capture.response_logprobs == []
+
+
+def test_capture_takes_integer_logprobs_as_floats() -> None:
+    tok = ToyTokenizer()
+    request = {"messages": [{"role": "user", "content": "hi"}], "return_token_ids": True, "logprobs": True}
+    body = full_body(generate_chat(request, MODEL, tok), tok)
+    body["choices"][0]["token_ids"] = [5, 6]
+    body["choices"][0]["logprobs"] = {"content": [{"token": "a", "logprob": 0}, {"token": "b", "logprob": -1.5}]}
+    capture = capture_response(body, CHAT)
+    assert capture.has_logprobs and capture.response_logprobs == [0.0, -1.5]
+    assert [type(v) for v in capture.response_logprobs] == [float, float]
+
+
 def _assemble(api: str, request: dict) -> tuple[StreamAssembler, dict]:
     tok = ToyTokenizer()
     gen = generate_chat(request, MODEL, tok) if api == CHAT else generate_completion(request, MODEL, tok)
