@@ -21,6 +21,8 @@ import grpc
 
 from services._gen.agl.v1 import ledger_service_pb2
 
+from .append_stream import fail_after
+
 log = logging.getLogger(__name__)
 
 Response = ledger_service_pb2.AppendEventsResponse
@@ -67,9 +69,12 @@ class AppendBatcher:
         self._lanes = {flag: _AppendLane() for flag in (False, True)}
         self.requests = 0  # AppendEvents requests sent (merged or not)
 
-    async def submit(self, request: bytes, events: int, reject_terminal: bool) -> Response:
+    async def submit(self, request: bytes, events: int, reject_terminal: bool, timeout_s: float | None) -> Response:
         """Sends a serialized AppendEventsRequest of `events` events (its reject_terminal flag given too), merged
-        with whatever else is waiting; returns this request's part of the answer."""
+        with whatever else is waiting; returns this request's part of the answer.
+
+        `timeout_s` bounds the whole wait, queueing included: past it the caller gets DEADLINE_EXCEEDED, and
+        its events are not sent if they were still queued (if they were in flight they may still be stored)."""
         loop = asyncio.get_running_loop()
         lane = self._lanes[reject_terminal]
         if lane.sender is not None and lane.sender.get_loop() is not loop:  # the client moved to another loop
@@ -78,7 +83,12 @@ class AppendBatcher:
         lane.queue.append(_PendingAppend(request, events, future))
         if lane.sender is None or lane.sender.done():
             lane.sender = asyncio.create_task(self._drain(lane))
-        return await future
+        timer = fail_after(future, timeout_s, "the ledger did not acknowledge the append within {:g}s")
+        try:
+            return await future
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def cancel(self) -> None:
         """Stops sending (the client is closing): callers still waiting are cancelled."""

@@ -19,6 +19,7 @@ import collections
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -55,6 +56,23 @@ def _error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
 
+def fail_after(future: asyncio.Future[Any], seconds: float | None, details: str) -> asyncio.TimerHandle | None:
+    """Fails the future with DEADLINE_EXCEEDED (`details` formatted with the seconds) unless it is done within
+    `seconds`; cancel the handle when it is. No deadline when `seconds` is None.
+
+    A timer handle rather than asyncio.timeout or wait_for: it costs about a third of either (no Timeout object,
+    no task cancellation), which counts on the append path that every proxied model call waits on, and it works
+    the same on Python 3.10 (the client runs inside trainer images too)."""
+    if seconds is None:
+        return None
+    return future.get_loop().call_later(seconds, _expire, future, details.format(seconds))
+
+
+def _expire(future: asyncio.Future[Any], details: str) -> None:
+    if not future.done():
+        future.set_exception(_error(grpc.StatusCode.DEADLINE_EXCEEDED, details))
+
+
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
@@ -83,14 +101,12 @@ class AppendStream:
         self._unanswered[request_id] = _Unanswered(frame(request_id, request), future)
         self._outbox.append(request_id)
         self._wake.set()
+        timer = fail_after(future, self._timeout_s, "the ledger did not answer within {:g}s")
         try:
-            # wait_for, not asyncio.timeout: the client also runs on Python 3.10 (inside trainer images)
-            return await asyncio.wait_for(future, self._timeout_s)
-        except asyncio.TimeoutError:
-            raise _error(
-                grpc.StatusCode.DEADLINE_EXCEEDED, f"the ledger did not answer within {self._timeout_s:g}s"
-            ) from None
+            return await future
         finally:
+            if timer is not None:
+                timer.cancel()
             self._unanswered.pop(request_id, None)  # answered, failed, cancelled or timed out: never written again
 
     async def close(self) -> None:

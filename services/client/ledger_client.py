@@ -223,12 +223,13 @@ class LedgerClient:
     # -- events ---------------------------------------------------------------------------------------------
 
     async def append_events(
-        self, events: Sequence[event_pb2.Event], reject_terminal: bool = False
+        self, events: Sequence[event_pb2.Event], reject_terminal: bool = False, timeout_s: float | None = None
     ) -> ledger_service_pb2.AppendEventsResponse:
         """Appends events atomically; event ids are filled in first so that a retry never duplicates.
 
         Concurrent calls share AppendEvents requests (see the module docstring); the answer holds this call's
-        sequences and attempt ids only, and an error is this call's own.
+        sequences and attempt ids only, and an error is this call's own. The whole call, waiting for a shared
+        request included, is bounded by timeout_s (default: the client's call timeout), then DEADLINE_EXCEEDED.
         """
         # The request is written field by field around each event's own serialization: copying the events into
         # an AppendEventsRequest first cost more than serializing them. An event without an id gets one appended
@@ -241,7 +242,8 @@ class LedgerClient:
             parts.append(wire.field(_EVENTS_FIELD, serialized))
         if reject_terminal:
             parts.append(_REJECT_TERMINAL)
-        return await self._appends.submit(b"".join(parts), len(events), reject_terminal)
+        deadline = timeout_s or self._call_timeout_s
+        return await self._appends.submit(b"".join(parts), len(events), reject_terminal, deadline)
 
     async def _send_append(self, request: bytes) -> ledger_service_pb2.AppendEventsResponse:
         """One AppendEvents request, already serialized (merged calls are plain concatenations): over the append

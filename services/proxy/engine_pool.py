@@ -44,6 +44,12 @@ class _Connection:
         self.idle_since = 0.0
         self.reused = False
         self.head_read = False  # in the current exchange
+        self.timed_out = False
+
+    def expire(self) -> None:
+        """The read timeout of an exchange: aborting the connection ends the pending read."""
+        self.timed_out = True
+        self.writer.transport.abort()
 
     def usable(self, now: float, expiry_s: float) -> bool:
         return not self.reader.at_eof() and not self.writer.is_closing() and now - self.idle_since < expiry_s
@@ -163,19 +169,21 @@ class EnginePool(httpx.AsyncBaseTransport):
         self, request: httpx.Request, key: tuple[str, str, int], payload: bytes, timeouts: dict[str, Any]
     ) -> httpx.Response:
         read_timeout = timeouts.get("read")
+        loop = asyncio.get_running_loop()
         while True:
             conn = self._take(key) or await self._connect(key, timeouts.get("connect"))
             conn.head_read = False
+            # The read timeout is a timer that aborts the connection (a timed-out connection is closed anyway): it
+            # costs a third of an asyncio.timeout. It covers the head and a Content-Length body together, which
+            # the engine writes at once when the answer is complete.
+            timer = loop.call_later(read_timeout, conn.expire) if read_timeout is not None else None
             try:
                 conn.writer.write(payload)
-                # One timer for the head and a Content-Length body: they come together (the engine writes its
-                # answer when it is complete), and arming a timer per read was a measurable share of the CPU.
-                return await _within(self._answer(request, key, conn, read_timeout), read_timeout)
-            except _TIMEOUTS:
-                conn.close()
-                raise httpx.ReadTimeout("timed out waiting for the engine's answer") from None
+                return await self._answer(request, key, conn, read_timeout)
             except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, OSError) as err:
                 conn.close()
+                if conn.timed_out:
+                    raise httpx.ReadTimeout("timed out waiting for the engine's answer") from None
                 nothing_read = not conn.head_read and (
                     not isinstance(err, asyncio.IncompleteReadError) or not err.partial
                 )
@@ -185,6 +193,9 @@ class EnginePool(httpx.AsyncBaseTransport):
             except BaseException:
                 conn.close()
                 raise
+            finally:
+                if timer is not None:
+                    timer.cancel()
 
     async def _answer(
         self, request: httpx.Request, key: tuple[str, str, int], conn: _Connection, read_timeout: float | None

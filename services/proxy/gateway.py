@@ -6,8 +6,8 @@ can be stale in one direction only (a rollout that just finished): the append us
 call still gets 409 and leaves nothing in the ledger.
 
 Appends go through LedgerClient.append_events, which merges concurrent calls into shared AppendEvents requests
-sent over one long-lived append stream, re-opened when the ledger goes away for a while; the proxy bounds the
-whole append by its ledger timeout, after which the agent gets 503 rather than being left waiting.
+sent over one long-lived append stream, re-opened when the ledger goes away for a while; the whole append is
+bounded by the proxy's ledger timeout, after which the agent gets 503 rather than being left waiting.
 """
 
 from __future__ import annotations
@@ -110,14 +110,13 @@ class LedgerGateway:
 
     async def _append(self, event: event_pb2.Event) -> ledger_service_pb2.AppendEventsResponse:
         try:
-            async with asyncio.timeout(self._append_timeout):
-                return await self.client.append_events([event], reject_terminal=True)
-        except TimeoutError:
-            raise ProxyError(
-                "ledger_unavailable",
-                f"The ledger did not acknowledge within {self._append_timeout:g}s; the call was not recorded.",
-            ) from None
+            return await self.client.append_events([event], reject_terminal=True, timeout_s=self._append_timeout)
         except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise ProxyError(
+                    "ledger_unavailable",
+                    f"The ledger did not acknowledge within {self._append_timeout:g}s; the call was not recorded.",
+                ) from None
             raise ledger_error(err.code().name, err.details() or "", "AppendEvents") from None
         except asyncio.CancelledError:
             current = asyncio.current_task()

@@ -277,6 +277,33 @@ async def test_an_append_the_ledger_does_not_answer_in_time_fails_and_the_stream
             assert await _rewards(client, rid) == [0.0, 1.0, 2.0]
 
 
+async def test_the_call_timeout_bounds_the_wait_in_the_queue_too(tmp_path: Path, uid: str):
+    """One append in flight to a stopped ledger, a second queued behind it: both fail with DEADLINE_EXCEEDED after
+    one call timeout (not two), and the queued one, never sent, is not stored."""
+    with start_ledger(log_dir=tmp_path) as led:
+        async with LedgerClient(led.address, call_timeout_s=0.6) as client:
+            rid = f"{uid}-r"
+            await _running(client, rid)
+            await client.append_events([reward(rid, 0.0)])
+            before = client.append_requests
+            led.proc.send_signal(signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                in_flight = asyncio.create_task(client.append_events([reward(rid, 1.0)]))
+                while client.append_requests == before:
+                    await asyncio.sleep(0)
+                queued = asyncio.create_task(client.append_events([reward(rid, 9.0)]))
+                results = await asyncio.gather(in_flight, queued, return_exceptions=True)
+                elapsed = time.monotonic() - started
+                assert [r.code() for r in results] == [grpc.StatusCode.DEADLINE_EXCEEDED] * 2  # type: ignore[union-attr]
+                assert 0.5 < elapsed < 1.1  # one timeout for both, the queued wait included
+            finally:
+                led.proc.send_signal(signal.SIGCONT)
+            reply = await client.append_events([reward(rid, 2.0)])
+            assert list(reply.sequences) == [3]
+            assert await _rewards(client, rid) == [0.0, 1.0, 2.0]  # 9.0 was never sent
+
+
 async def test_a_wrong_key_fails_appends_at_once(tmp_path: Path):
     with start_ledger(key="right-key", log_dir=tmp_path) as led:
         client = LedgerClient(led.address, "wrong-key", retry=RetryPolicy(attempts=1000, max_backoff_s=0.05))
@@ -320,3 +347,11 @@ def test_append_request_bytes_concatenate_into_one_request():
     ]  # fmt: skip
     merged = pb.AppendEventsRequest.FromString(b"".join(p.SerializeToString() for p in parts))
     assert [e.rollout_id for e in merged.events] == ["a", "b", "c"] and merged.reject_terminal
+
+
+async def test_appends_work_without_a_call_timeout(ledger_proc: ServiceProcess, uid: str):
+    async with LedgerClient(ledger_proc.address, call_timeout_s=None) as client:
+        rid = f"{uid}-r"
+        await _running(client, rid)
+        replies = await asyncio.gather(*(client.append_events([reward(rid, float(k))]) for k in range(3)))
+        assert sorted(s for r in replies for s in r.sequences) == [1, 2, 3]
