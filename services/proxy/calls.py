@@ -205,7 +205,9 @@ class StreamSession:
         recording: asyncio.Future[None] | None = None
         try:
             try:
-                async for raw in self._response.aiter_raw():
+                # aiter_bytes, not aiter_raw: an answer with a Content-Length (not a stream after all) comes from
+                # the pool already read, and only aiter_bytes serves read content.
+                async for raw in self._response.aiter_bytes():
                     out = []
                     for event in splitter.feed(raw):
                         if event.data == DONE:
@@ -219,7 +221,12 @@ class StreamSession:
             except httpx.HTTPError as err:
                 failure = f"{type(err).__name__}: {err}"
             if failure is None and not done:
-                failure = "the stream ended without [DONE]"
+                kind = self._response.headers.get("content-type", "")
+                failure = (
+                    "the stream ended without [DONE]"
+                    if kind.startswith("text/event-stream")
+                    else f"the engine answered with {kind or 'no content type'}, not an event stream"
+                )
             await self._response.aclose()
             # Shielded: an agent leaving now must not cut an append that may already have reached the ledger.
             recording = asyncio.ensure_future(self._record(OK if failure is None else ERROR))

@@ -3,7 +3,9 @@
 Knobs: POST /standin/config {"delay_ms", "chunk_delay_ms", "fail_next", "fail_status"} changes behaviour at run
 time; GET /standin/requests lists the bodies received (newest last) with stream outcomes; DELETE clears them.
 A request may carry `"standin": {"status": 400, "message": "...", "delay_ms": N, "chunk_delay_ms": N}` to get
-that error or timing for itself only (vLLM ignores unknown fields, and the proxy passes them through).
+that error or timing for itself only (vLLM ignores unknown fields, and the proxy passes them through), or
+`"standin": {"ignore_stream": true}` to get a whole JSON answer to a stream request, as a server without
+streaming support would give.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ class Standin:
         except EngineError as err:
             return self._error(err)
         delay = float(knobs.get("delay_ms", self.knobs.delay_ms))
-        if body.get("stream"):
+        if body.get("stream") and not knobs.get("ignore_stream"):
             chunk_delay = float(knobs.get("chunk_delay_ms", self.knobs.chunk_delay_ms))
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(

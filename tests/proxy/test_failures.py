@@ -244,3 +244,18 @@ async def test_client_disconnect_mid_stream_records_an_incomplete_event(proxy, e
             break
         await asyncio.sleep(0.05)
     assert engine_requests(engine)["streams_aborted"] == aborted_before + 1
+
+
+async def test_a_stream_request_answered_without_a_stream_is_an_error_event_and_recorded(proxy, client) -> None:
+    """An engine (or a gateway before it) that ignores `stream` answers with one JSON body: the agent gets an SSE
+    error, not a dropped connection, and the call is recorded as an error."""
+    rollout_id = await new_rollout(client)
+    body = {**CHAT, "stream": True, "standin": {"ignore_stream": True}}
+    response = post_chat(proxy, rollout_id, body, timeout=10)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    (line,) = [line for line in response.text.splitlines() if line.startswith("data: ")]
+    error = json.loads(line.removeprefix("data: "))["error"]
+    assert "answered with application/json, not an event stream" in error["message"]
+    (event,) = await recorded(client, rollout_id)
+    call = event.model_request
+    assert call.status == event_pb2.MODEL_REQUEST_STATUS_ERROR and call.stream and call.http_status == 200
