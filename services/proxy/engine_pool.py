@@ -4,7 +4,10 @@ Why not httpcore's pool: in httpcore 1.0.x every request added to or removed fro
 connections, and for each idle one re-counts all of them (quadratic), with a poll() syscall per connection to
 detect server-side closes. With 64 busy connections that measured ~5,000 is_idle() calls and ~11 ms of CPU per
 proxied call. Here a request takes the most recently used idle connection of its origin in O(1) (a closed one is
-seen by its reader's EOF flag, no syscall), and gives it back when its body has been read to the end.
+seen by its reader's EOF flag, no syscall), and gives it back when its body has been read to the end. A body
+with a Content-Length (every non-streamed answer) is read together with the head, so the connection is back in
+the pool before the caller sees the answer, and the caller reads it as already-loaded content; chunked and
+close-delimited bodies (SSE streams) are read as the caller iterates them.
 
 Scope: what the engines speak (HTTP/1.1 or 1.0, plain or TLS, Content-Length, chunked or close-delimited
 bodies). Errors surface as httpx exceptions, so callers handle them as with any httpx transport.
