@@ -203,11 +203,16 @@ class StreamSession:
         done = False
         failure: str | None = None
         recording: asyncio.Future[None] | None = None
+        kind = self._response.headers.get("content-type", "")
+        # Not an event stream (an engine that ignored `stream`): its body is what the event records.
+        other: list[bytes] | None = None if kind.startswith("text/event-stream") else []
         try:
             try:
                 # aiter_bytes, not aiter_raw: an answer with a Content-Length (not a stream after all) comes from
                 # the pool already read, and only aiter_bytes serves read content.
                 async for raw in self._response.aiter_bytes():
+                    if other is not None:
+                        other.append(raw)
                     out = []
                     for event in splitter.feed(raw):
                         if event.data == DONE:
@@ -221,15 +226,15 @@ class StreamSession:
             except httpx.HTTPError as err:
                 failure = f"{type(err).__name__}: {err}"
             if failure is None and not done:
-                kind = self._response.headers.get("content-type", "")
                 failure = (
                     "the stream ended without [DONE]"
-                    if kind.startswith("text/event-stream")
+                    if other is None
                     else f"the engine answered with {kind or 'no content type'}, not an event stream"
                 )
             await self._response.aclose()
+            body = None if other is None else b"".join(other).decode("utf-8", "replace")
             # Shielded: an agent leaving now must not cut an append that may already have reached the ledger.
-            recording = asyncio.ensure_future(self._record(OK if failure is None else ERROR))
+            recording = asyncio.ensure_future(self._record(OK if failure is None else ERROR, body))
             await asyncio.shield(recording)
         except asyncio.CancelledError:
             await self._after_disconnect(recording)
@@ -265,8 +270,9 @@ class StreamSession:
         if isinstance(chunk, dict):
             self.assembler.feed(chunk)
 
-    async def _record(self, status: int) -> None:
-        response_json = orjson.dumps(self.assembler.response()).decode()
+    async def _record(self, status: int, body: str | None = None) -> None:
+        """Records the call: with the assembled stream as its response, or with `body` when given."""
+        response_json = orjson.dumps(self.assembler.response()).decode() if body is None else body
         await self._calls.record(
             self._call,
             self._endpoint,

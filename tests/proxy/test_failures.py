@@ -259,3 +259,5 @@ async def test_a_stream_request_answered_without_a_stream_is_an_error_event_and_
     (event,) = await recorded(client, rollout_id)
     call = event.model_request
     assert call.status == event_pb2.MODEL_REQUEST_STATUS_ERROR and call.stream and call.http_status == 200
+    answered = json.loads(call.response_json)  # the engine's own body, as it came
+    assert answered["object"] == "chat.completion" and answered["choices"][0]["message"]["content"]
