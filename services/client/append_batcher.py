@@ -21,7 +21,7 @@ import grpc
 
 from services._gen.agl.v1 import ledger_service_pb2
 
-from .append_stream import fail_after
+from .append_stream import await_within
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +83,7 @@ class AppendBatcher:
         lane.queue.append(_PendingAppend(request, events, future))
         if lane.sender is None or lane.sender.done():
             lane.sender = asyncio.create_task(self._drain(lane))
-        timer = fail_after(future, timeout_s, "the ledger did not acknowledge the append within {:g}s")
-        try:
-            return await future
-        finally:
-            if timer is not None:
-                timer.cancel()
+        return await await_within(future, timeout_s, "the ledger did not acknowledge the append within {:g}s")
 
     def cancel(self) -> None:
         """Stops sending (the client is closing): callers still waiting are cancelled."""

@@ -19,7 +19,7 @@ import collections
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -35,6 +35,8 @@ Response = ledger_service_pb2.AppendEventsResponse
 OpenStream = Callable[[], grpc.aio.StreamStreamCall]
 
 # A stream that ends with one of these is opened again; anything else (a wrong key, say) fails what is pending.
+T = TypeVar("T")
+
 _REOPEN_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
 )
@@ -56,16 +58,20 @@ def _error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
 
-def fail_after(future: asyncio.Future[Any], seconds: float | None, details: str) -> asyncio.TimerHandle | None:
-    """Fails the future with DEADLINE_EXCEEDED (`details` formatted with the seconds) unless it is done within
-    `seconds`; cancel the handle when it is. No deadline when `seconds` is None.
+async def await_within(future: asyncio.Future[T], seconds: float | None, details: str) -> T:
+    """Awaits the future; unless it is done within `seconds` (None: no deadline) it fails with DEADLINE_EXCEEDED,
+    `details` formatted with the seconds.
 
     A timer handle rather than asyncio.timeout or wait_for: it costs about a third of either (no Timeout object,
     no task cancellation), which counts on the append path that every proxied model call waits on, and it works
     the same on Python 3.10 (the client runs inside trainer images too)."""
     if seconds is None:
-        return None
-    return future.get_loop().call_later(seconds, _expire, future, details.format(seconds))
+        return await future
+    timer = future.get_loop().call_later(seconds, _expire, future, details.format(seconds))
+    try:
+        return await future
+    finally:
+        timer.cancel()
 
 
 def _expire(future: asyncio.Future[Any], details: str) -> None:
@@ -101,12 +107,9 @@ class AppendStream:
         self._unanswered[request_id] = _Unanswered(frame(request_id, request), future)
         self._outbox.append(request_id)
         self._wake.set()
-        timer = fail_after(future, self._timeout_s, "the ledger did not answer within {:g}s")
         try:
-            return await future
+            return await await_within(future, self._timeout_s, "the ledger did not answer within {:g}s")
         finally:
-            if timer is not None:
-                timer.cancel()
             self._unanswered.pop(request_id, None)  # answered, failed, cancelled or timed out: never written again
 
     async def close(self) -> None:

@@ -23,6 +23,7 @@ from starlette.types import Receive, Scope, Send
 from services.client import LedgerClient
 
 from .auth import Authorizer, presented_key
+from .background import stop_tasks
 from .calls import ModelCalls, Reply, StreamSession
 from .config import ProxyConfig, parse_config
 from .coordination import Coordinator
@@ -141,11 +142,7 @@ class Proxy:
                 await asyncio.sleep(1.0)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(self._tasks)
         await self.coordinator.stop()
         await self.upstream.close()
         await self.client.close()

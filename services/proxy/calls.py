@@ -70,9 +70,8 @@ class ModelCalls:
         self.routing = routing
         self.upstream = upstream
         self.metrics = metrics
-        self._call_metrics: dict[
-            tuple[str, int], tuple[Counter, Histogram]
-        ] = {}  # labelled children, by api and status
+        # Labelled metric children by (api, status): labels() takes a lock and validates names on every call.
+        self._call_metrics: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         # Event ids of the calls' records: unique per process and cheaper than a uuid4 (an urandom read) each.
         self._id_prefix = uuid.uuid4().hex
         self._id_counter = itertools.count()
@@ -161,7 +160,7 @@ class ModelCalls:
         await self.gateway.append(event)
         self.metrics.ledger_append_seconds.observe(time.perf_counter() - started)
         counted = self._call_metrics.get((call.api, status))
-        if counted is None:  # labels() takes a lock and validates names: looked up once per api and outcome
+        if counted is None:
             counted = self._call_metrics[call.api, status] = (
                 self.metrics.calls.labels(call.api, _STATUS_NAMES[status]),
                 self.metrics.call_seconds.labels(call.api),

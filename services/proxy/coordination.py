@@ -23,6 +23,7 @@ import grpc
 from services._gen.agl.v1 import proxy_control_pb2
 from services.client import LedgerClient
 
+from .background import stop_tasks
 from .errors import ProxyError, ledger_error
 from .metrics import ProxyMetrics
 
@@ -89,11 +90,7 @@ class Coordinator:
         self._tasks = [asyncio.create_task(self._watch()), asyncio.create_task(self._heartbeat())]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(self._tasks)
         with contextlib.suppress(grpc.aio.AioRpcError):
             await self.client.report_proxy_replica(self.replica_id, 0, self.generation, self.ttl_s, leaving=True)
 
