@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ class Seen:
     headers: dict[str, str]  # names lower-cased
     body: bytes
     connection: int  # which accepted connection carried it, from 1
+    names: list[str]  # every header line's name, lower-cased, in order (repeats show here, not in `headers`)
 
 
 Reply = Callable[[Seen, asyncio.StreamWriter], Awaitable[None]]
@@ -70,10 +72,10 @@ class Engine:
             while not out.is_closing():
                 head = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")
                 method, path, _ = head[0].split(" ")
-                pairs = (line.split(":", 1) for line in head[1:] if line)
+                pairs = [line.split(":", 1) for line in head[1:] if line]
                 headers = {name.strip().lower(): value.strip() for name, value in pairs}
                 body = await reader.readexactly(int(headers.get("content-length", 0)))
-                seen = Seen(method, path, headers, body, number)
+                seen = Seen(method, path, headers, body, number, [name.strip().lower() for name, _ in pairs])
                 self.seen.append(seen)
                 await self.reply(seen, out)
                 if not out.is_closing():
@@ -298,3 +300,30 @@ async def test_upstream_request_framing() -> None:
         assert seen.headers["content-type"] == "application/json"
         assert seen.headers["accept-encoding"] == "identity"
         assert seen.headers["authorization"] == "Bearer k3y"
+        assert sorted(seen.names) == sorted(set(seen.names))  # no header sent twice
+
+
+async def test_loaded_answers_read_like_httpx_answers() -> None:
+    """A Content-Length answer comes back loaded; every way of reading it gives the body, and one that is
+    content-encoded anyway (the proxy asks for identity) is still decoded."""
+    payload = b'{"answer": "h\xc3\xa9llo"}'
+
+    async def reply(seen: Seen, out: asyncio.StreamWriter) -> None:
+        if seen.path == "/gzip":
+            out.write(answer(200, gzip.compress(payload), "content-encoding: gzip", "content-type: application/json"))
+        else:
+            out.write(answer(200, payload, "content-type: application/json; charset=utf-8"))
+
+    async with Engine(reply) as engine, pooled() as (client, pool):
+        for path in ("/plain", "/gzip"):
+            response = await client.post(engine.url + path, content=b"{}")
+            assert response.content == payload, path
+            assert response.json() == {"answer": "h\u00e9llo"}
+            assert response.text == payload.decode()
+            assert b"".join([part async for part in response.aiter_bytes()]) == payload
+            assert await response.aread() == payload
+            streamed = client.build_request("POST", engine.url + path, content=b"{}")
+            opened = await client.send(streamed, stream=True)
+            assert b"".join([part async for part in opened.aiter_bytes()]) == payload
+            await opened.aclose()
+        assert pool.opened == 1
