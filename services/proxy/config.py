@@ -27,7 +27,7 @@ class ProxyConfig:
     ledger_timeout_s: float = 10.0
     max_body_bytes: int = 32 * 1024 * 1024
     max_connections: int = 1024
-    rollout_cache_ttl_s: float = 5.0
+    rollout_cache_ttl_s: float = 60.0  # a stale entry costs one engine call at most (see gateway)
     heartbeat_s: float = 2.0
     replica_ttl_s: float = 10.0
     replica_id: str = ""

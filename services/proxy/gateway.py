@@ -1,9 +1,11 @@
 """The proxy's side of the ledger: rollout checks (with a small status cache), appends, and the models stream.
 
 A call is checked before it is forwarded: unknown rollout -> 404, terminal -> 409, so no engine time is spent on
-it. The check reads a cache: terminal rollouts are remembered for good, live ones for a few seconds. The cache
-can be stale in one direction only (a rollout that just finished): the append uses reject_terminal, so such a
-call still gets 409 and leaves nothing in the ledger.
+it. The check reads a cache: terminal rollouts are remembered for good, live ones for a minute by default. A
+live entry can go stale (the rollout finished or was deleted since): the append uses reject_terminal, so such a
+call still gets 409 (or 404) and leaves nothing in the ledger, and the answer updates the cache, so a stale
+entry costs at most one engine call. Re-checking live rollouts more often cost a GetRollout per rollout per
+interval, about 3% of the proxy's CPU in the benchmark at a 5 s interval.
 
 Appends go through LedgerClient.append_events, which merges concurrent calls into shared AppendEvents requests
 sent over one long-lived append stream, re-opened when the ledger goes away for a while; the whole append is
@@ -103,7 +105,8 @@ class LedgerGateway:
                 raise ProxyError(
                     "rollout_terminal", f"Rollout {event.rollout_id} has finished; it takes no more calls or events."
                 ) from None
-            if err.kind == "rollout_not_found":
+            if err.kind == "rollout_not_found":  # deleted since it was cached: checked afresh next time
+                self._states.pop(event.rollout_id, None)
                 raise ProxyError("rollout_not_found", f"Rollout {event.rollout_id} does not exist.") from None
             raise
         return response.sequences[0] if response.sequences else 0

@@ -188,6 +188,17 @@ async def test_terminal_rollout_is_409_even_right_after_it_finished(proxy, engin
     assert len(await recorded(client, rollout_id)) == 1
 
 
+async def test_deleted_rollout_is_404_and_forgotten(proxy, engine, client) -> None:
+    rollout_id = await new_rollout(client)
+    assert post_chat(proxy, rollout_id).status_code == 200  # the proxy now holds the rollout as running
+    await client.delete_rollouts([rollout_id])
+    response = post_chat(proxy, rollout_id)  # still held as running: forwarded, then refused by the ledger
+    assert response.status_code == 404 and response.json()["error"]["code"] == "rollout_not_found"
+    before = engine_requests(engine)["requests"]
+    assert post_chat(proxy, rollout_id).status_code == 404  # forgotten: checked again, before the engine
+    assert engine_requests(engine)["requests"] == before
+
+
 # -- agent events ------------------------------------------------------------------------------------------------
 
 
