@@ -29,7 +29,7 @@ from .recording import ERROR, INCOMPLETE, OK, CallRecord, model_request_event
 from .rewrite import CHAT, RewriteSettings, loads_lenient, parse_body, rewrite, validate
 from .routing import Endpoint, RoutingTable
 from .sse import DONE, SSESplitter
-from .upstream import Upstream
+from .upstream import Upstream, close_response
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ class StreamSession:
                     if other is None
                     else f"the engine answered with {kind or 'no content type'}, not an event stream"
                 )
-            await self._response.aclose()
+            await close_response(self._response)
             body = None if other is None else b"".join(other).decode("utf-8", "replace")
             # Shielded: an agent leaving now must not cut an append that may already have reached the ledger.
             recording = asyncio.ensure_future(self._record(OK if failure is None else ERROR, body))
@@ -242,7 +242,7 @@ class StreamSession:
             await send(_sse_error(err))
             return
         finally:
-            await self._response.aclose()
+            await close_response(self._response)
             self._calls.coordinator.leave()
         if failure is not None:
             log.warning("rollout %s: engine stream failed: %s", self._call.rollout_id, failure)
@@ -256,7 +256,7 @@ class StreamSession:
             if recording is not None:
                 await recording
                 return
-            await self._response.aclose()
+            await close_response(self._response)
             await self._record(INCOMPLETE)
         except ProxyError as err:
             log.warning("rollout %s: could not record an interrupted stream: %s", self._call.rollout_id, err.message)

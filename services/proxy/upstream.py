@@ -40,6 +40,17 @@ class _EngineClient(httpx.AsyncClient):
         return self._no_cookies
 
 
+_CLOSED = httpx.ByteStream(b"")  # the stream of a response that has been closed
+
+
+async def close_response(response: httpx.Response) -> None:
+    """Closes an engine's answer (again, harmlessly). httpx's client wraps the body in a stream that points back at
+    the response; dropping it breaks that cycle, so the response and its request are freed as soon as the call is
+    done rather than by the garbage collector, whose passes over them cost ~4% of the proxy's CPU."""
+    await response.aclose()
+    response.stream = _CLOSED
+
+
 @dataclass
 class UpstreamResult:
     endpoint: Endpoint
@@ -126,7 +137,7 @@ class Upstream:
                 what = type(err).__name__
             finally:
                 if response is not None and not (stream and response.status_code < 300):
-                    await response.aclose()
+                    await close_response(response)
             if last:
                 log.warning("rollout %s: engine call failed after %d attempt(s): %s", rollout_id, attempts, what)
                 return UpstreamResult(endpoint, retries, error=error)

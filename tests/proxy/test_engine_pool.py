@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import gzip
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -327,3 +328,24 @@ async def test_loaded_answers_read_like_httpx_answers() -> None:
             assert b"".join([part async for part in opened.aiter_bytes()]) == payload
             await opened.aclose()
         assert pool.opened == 1
+
+
+async def test_answered_calls_leave_no_cycles_for_the_garbage_collector() -> None:
+    """httpx's response and its body stream point at each other; the upstream breaks that cycle once the answer is
+    read, so a finished call's objects go at once instead of piling up for the collector."""
+    async with Engine(echo_path) as engine, upstream() as up:
+        endpoints = [Endpoint(engine.url + "/v1")]
+        await up.call(endpoints, "/warm", b"{}", stream=False, rollout_id="r")
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for n in range(20):
+                result = await up.call(endpoints, f"/n/{n}", b"{}", stream=False, rollout_id="r")
+                assert result.response is not None and result.response.content == f"/v1/n/{n}".encode()
+            del result
+            gc.collect()
+            left = [o for o in gc.garbage if isinstance(o, httpx.Response | httpx.Request)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+        assert left == []
