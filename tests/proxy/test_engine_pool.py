@@ -239,6 +239,51 @@ async def test_read_timeout_releases_the_slot(stall: bytes) -> None:
         assert pool.opened == 2
 
 
+async def test_a_stalled_close_delimited_body_is_a_timeout_not_its_end() -> None:
+    """The timeout aborts the connection, which ends the read like the server closing would: still a timeout."""
+
+    async def stall(seen: Seen, out: asyncio.StreamWriter) -> None:
+        out.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: 1\n\n")
+        await out.wait_closed()  # until the test ends
+
+    async with Engine(stall) as engine, pooled() as (client, _):
+        response = await client.send(client.build_request("GET", engine.url), stream=True)
+        received = []
+        started = time.monotonic()
+        with pytest.raises(httpx.ReadTimeout):
+            async for part in response.aiter_raw():
+                received.append(part)
+        assert received == [b"data: 1\n\n"]
+        assert 0.25 < time.monotonic() - started < 1.0
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+async def test_the_read_timeout_bounds_each_wait_not_the_whole_body_or_the_readers_pauses(chunked: bool) -> None:
+    """Chunks 0.15 s apart for 0.9 s in all, under a 0.3 s read timeout, read by a caller that also pauses 0.5 s
+    between two chunks: nothing times out."""
+
+    async def trickle(seen: Seen, out: asyncio.StreamWriter) -> None:
+        head = "transfer-encoding: chunked" if chunked else "connection: close"
+        out.write(f"HTTP/1.1 200 OK\r\n{head}\r\n\r\n".encode())
+        for n in range(6):
+            await asyncio.sleep(0.15)
+            out.write(b"1\r\n%d\r\n" % n if chunked else b"%d" % n)
+            await out.drain()
+        out.write(b"0\r\n\r\n" if chunked else b"")
+        if not chunked:
+            out.close()
+
+    async with Engine(trickle) as engine, pooled() as (client, _):
+        response = await client.send(client.build_request("GET", engine.url), stream=True)
+        received, paused = b"", False
+        async for part in response.aiter_raw():
+            received += part
+            if len(received) >= 2 and not paused:
+                paused = True
+                await asyncio.sleep(0.5)  # the caller busy elsewhere: not the engine's delay
+        assert received == b"012345" and paused
+
+
 @pytest.mark.parametrize(("method", "head"), [("GET", "204 No Content"), ("GET", "304 X"), ("HEAD", "200 OK")])
 async def test_bodiless_answers_keep_the_connection(method: str, head: str) -> None:
     async def no_body(seen: Seen, out: asyncio.StreamWriter) -> None:
