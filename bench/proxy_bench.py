@@ -1,9 +1,10 @@
 """Proxy overhead: proxied vs direct calls to a stand-in engine that answers after a fixed delay.
 
 Starts a real ledger, one stand-in engine (--delay-ms 20) and one proxy process on loopback, then measures:
-added latency at 1 client (p50/p99), throughput and p50/p99 at 64 concurrent clients, the proxy's CPU per call
-(from /proc), and the streaming time-to-first-chunk overhead. The load generator is a minimal keep-alive
-HTTP/1.1 client on asyncio streams, so that its own cost disturbs the 2-core machine as little as possible.
+added latency at 1 client (p50/p99), throughput and p50/p99 at 64 concurrent clients (plain and streamed calls),
+the proxy's CPU per call (from /proc), and the streaming time-to-first-chunk overhead. The load generator is a
+minimal keep-alive HTTP/1.1 client on asyncio streams, so that its own cost disturbs the 2-core machine as little
+as possible.
 
     .venv/bin/python bench/proxy_bench.py [--calls 3000] [--clients 64] [--delay-ms 20]
 """
@@ -219,15 +220,15 @@ async def bench(args: argparse.Namespace) -> None:
                 await load(proxy_port, proxied_paths[:1], CHAT, 1, single),
             )
 
-            # The machine is shared and noisy: several rounds, each a direct run then a proxied one.
-            for round_number in range(1, args.rounds + 1):
-                direct = await load(standin_port, direct_path, direct_body, args.clients, args.calls)
+            processes = (("proxy", proxy), ("engine", standin), ("ledger", ledger))
+
+            async def concurrent_round(name: str, direct_request: dict, proxied_request: dict) -> None:
+                direct = await load(standin_port, direct_path, direct_request, args.clients, args.calls)
                 counters = proxy_counters(proxy_port)
-                processes = (("proxy", proxy), ("engine", standin), ("ledger", ledger))
                 cpu = {name: cpu_seconds(p.proc.pid) for name, p in processes}
-                proxied = await load(proxy_port, proxied_paths, CHAT, args.clients, args.calls)
+                proxied = await load(proxy_port, proxied_paths, proxied_request, args.clients, args.calls)
                 used = {name: cpu_seconds(p.proc.pid) - cpu[name] for name, p in processes}
-                report(f"{args.clients} clients, round {round_number}", direct, proxied)
+                report(name, direct, proxied)
                 after = proxy_counters(proxy_port)
                 opened = after["agl_proxy_engine_connections_opened"] - counters["agl_proxy_engine_connections_opened"]
                 batches = after["agl_proxy_ledger_append_batches"] - counters["agl_proxy_ledger_append_batches"]
@@ -241,8 +242,13 @@ async def bench(args: argparse.Namespace) -> None:
                     "append request"
                 )
 
+            # The machine is shared and noisy: several rounds, each a direct run then a proxied one.
+            for round_number in range(1, args.rounds + 1):
+                await concurrent_round(f"{args.clients} clients, round {round_number}", direct_body, CHAT)
+
             stream_body = {**CHAT, "stream": True}
             direct_stream = {**direct_body, "stream": True}
+            await concurrent_round(f"{args.clients} clients, streamed", direct_stream, stream_body)
             report(
                 "stream time-to-first-chunk, 1 cl.",
                 await load(standin_port, direct_path, direct_stream, 1, single, True),
