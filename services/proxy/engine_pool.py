@@ -89,23 +89,20 @@ def _loaded_response(
     return response
 
 
-def _nothing() -> None:
-    return None
-
-
 class _ReadDeadline:
     """The read timeout of a streamed body: a read pending longer than `seconds` aborts the connection (which ends
     the read; the reader then sees `conn.timed_out`). One timer serves every read of the body: `begin`/`end` only
     note the time, and the timer, when it fires, re-arms itself for the pending read's own deadline. An
     asyncio.timeout around each read (two per SSE chunk) cost a fifth of the proxy's CPU on streamed calls. Time
-    the caller spends between reads, such as waiting on a slow agent, does not count, as with httpx's own pool."""
+    the caller spends between reads, such as waiting on a slow agent, does not count, as with httpx's own pool.
+    With `seconds` None there is no timer and reads wait as long as they take."""
 
-    def __init__(self, conn: _Connection, seconds: float) -> None:
+    def __init__(self, conn: _Connection, seconds: float | None) -> None:
         self._conn = conn
         self._seconds = seconds
         self._loop = asyncio.get_running_loop()
         self._started: float | None = None  # when the pending read began; None while no read is pending
-        self._timer = self._loop.call_later(seconds, self._check)
+        self._timer = self._loop.call_later(seconds, self._check) if seconds is not None else None
 
     def begin(self) -> None:
         self._started = self._loop.time()
@@ -114,9 +111,11 @@ class _ReadDeadline:
         self._started = None
 
     def cancel(self) -> None:
-        self._timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
 
     def _check(self) -> None:
+        assert self._seconds is not None
         now = self._loop.time()
         if self._started is None:
             self._timer = self._loop.call_later(self._seconds, self._check)
@@ -148,13 +147,11 @@ class _Body(httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         conn = self._conn
         reader = conn.reader
-        deadline = _ReadDeadline(conn, self._timeout) if self._timeout is not None else None
-        begin = deadline.begin if deadline is not None else _nothing
-        end = deadline.end if deadline is not None else _nothing
+        deadline = _ReadDeadline(conn, self._timeout)
         try:
             if self._chunked:
                 while True:
-                    begin()
+                    deadline.begin()
                     line = await reader.readline()
                     size = int(line.split(b";", 1)[0].strip() or b"x", 16)
                     if size == 0:
@@ -162,29 +159,26 @@ class _Body(httpx.AsyncByteStream):
                             pass
                         break
                     data = await reader.readexactly(size + 2)
-                    end()
+                    deadline.end()
                     yield data[:-2]
             else:
                 self._keep_alive = False
-                begin()
+                deadline.begin()
                 while data := await reader.read(_READ_SIZE):
-                    end()
+                    deadline.end()
                     yield data
-                    begin()
+                    deadline.begin()
             if conn.timed_out:  # the end of the body was the connection being aborted
                 raise httpx.ReadTimeout("timed out reading the engine's response")
             self._complete = True
-        except ValueError as err:  # a bad chunk-size line
-            if conn.timed_out:
+        except (ValueError, asyncio.IncompleteReadError, ConnectionError, OSError) as err:
+            if conn.timed_out:  # whatever the aborted read ended with
                 raise httpx.ReadTimeout("timed out reading the engine's response") from None
-            raise httpx.RemoteProtocolError(f"malformed chunked body: {err}") from None
-        except (asyncio.IncompleteReadError, ConnectionError, OSError) as err:
-            if conn.timed_out:
-                raise httpx.ReadTimeout("timed out reading the engine's response") from None
+            if isinstance(err, ValueError):  # a bad chunk-size line
+                raise httpx.RemoteProtocolError(f"malformed chunked body: {err}") from None
             raise httpx.ReadError(f"reading the engine's response failed: {err!r}") from None
         finally:
-            if deadline is not None:
-                deadline.cancel()
+            deadline.cancel()
             if self._complete:
                 await self.aclose()
 

@@ -35,6 +35,14 @@ _TERMINAL = frozenset({rollout_pb2.ROLLOUT_STATE_SUCCEEDED, rollout_pb2.ROLLOUT_
 _CACHE_SIZE = 100_000
 
 
+def _finished(rollout_id: str) -> ProxyError:
+    return ProxyError("rollout_terminal", f"Rollout {rollout_id} has finished; it takes no more calls or events.")
+
+
+def _missing(rollout_id: str) -> ProxyError:
+    return ProxyError("rollout_not_found", f"Rollout {rollout_id} does not exist.")
+
+
 async def _translated(what: str, call: Awaitable[Any]) -> Any:
     try:
         return await call
@@ -56,9 +64,7 @@ class LedgerGateway:
         """Raises 404 for an unknown rollout, 409 for a finished one, 503 when the ledger cannot say."""
         state = await self._state(rollout_id)
         if state in _TERMINAL:
-            raise ProxyError(
-                "rollout_terminal", f"Rollout {rollout_id} has finished; it takes no more calls or events."
-            )
+            raise _finished(rollout_id)
 
     async def _state(self, rollout_id: str) -> int:
         cached = self._states.get(rollout_id)
@@ -73,7 +79,7 @@ class LedgerGateway:
             rollout = await _translated("GetRollout", self.client.get_rollout(rollout_id))
         except ProxyError as err:
             if err.kind == "rollout_not_found":
-                err = ProxyError("rollout_not_found", f"Rollout {rollout_id} does not exist.")
+                err = _missing(rollout_id)
             future.set_exception(err)
             future.exception()  # marked as retrieved: waiters are optional
             raise err from None
@@ -102,12 +108,10 @@ class LedgerGateway:
         except ProxyError as err:
             if err.kind == "rollout_terminal":
                 self._remember(event.rollout_id, rollout_pb2.ROLLOUT_STATE_SUCCEEDED)
-                raise ProxyError(
-                    "rollout_terminal", f"Rollout {event.rollout_id} has finished; it takes no more calls or events."
-                ) from None
+                raise _finished(event.rollout_id) from None
             if err.kind == "rollout_not_found":  # deleted since it was cached: checked afresh next time
                 self._states.pop(event.rollout_id, None)
-                raise ProxyError("rollout_not_found", f"Rollout {event.rollout_id} does not exist.") from None
+                raise _missing(event.rollout_id) from None
             raise
         return response.sequences[0] if response.sequences else 0
 
