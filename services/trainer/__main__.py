@@ -7,7 +7,7 @@ import logging
 import hydra
 
 
-@hydra.main(config_path="config", config_name="agl_trainer", version_base=None)
+@hydra.main(config_path="hydra-conf", config_name="agl_trainer", version_base=None)
 def main(config) -> None:  # type: ignore[no-untyped-def]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .runner import run

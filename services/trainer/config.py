@@ -15,7 +15,7 @@ from .aggregation import AggregationLevel
 from .manager import ManagerSettings
 from .specs import LaunchSettings, check_run_id
 
-CONFIG_DIR = Path(__file__).resolve().parent / "config"
+CONFIG_DIR = Path(__file__).resolve().parent / "hydra-conf"
 CONFIG_NAME = "agl_trainer"
 
 _OUTCOME_ESTIMATORS = frozenset(

@@ -105,7 +105,7 @@ def test_every_container_setting_is_one_its_service_reads() -> None:
         given = {key for key in spec.env if key.startswith("AGL_")}
         module = scripts.get(spec.argv[0])
         if module is None:  # ray-head: the trainer jobs it runs read these through their Hydra config
-            trainer_yaml = (REPO_ROOT / "services" / "trainer" / "config" / "agl_trainer.yaml").read_text()
+            trainer_yaml = (REPO_ROOT / "services" / "trainer" / "hydra-conf" / "agl_trainer.yaml").read_text()
             read = set(re.findall(r"oc\.env:(AGL_[A-Z0-9_]+)", trainer_yaml))
             assert given and given <= read, f"{name} is given {sorted(given - read)}, which the trainer never reads"
             continue

@@ -1,0 +1,96 @@
+"""A tiny Qwen2-shaped causal LM with a byte-level tokenizer, made here (no hub download).
+
+The tokenizer maps every byte to one token (a BPE with no merges), so any text round-trips, plus three
+special tokens; the chat template is compact (`<|im_start|>u:...<|im_end|>`) so prompts stay short. The model
+is randomly initialised and saved in Hugging Face format (safetensors), which both vLLM and verl load.
+
+    python -m services.engine.tiny_model data/models/tiny-qwen [--hidden 128] [--layers 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+EOS_TOKEN = "<|im_end|>"
+PAD_TOKEN = "<|endoftext|>"
+SPECIAL_TOKENS = (PAD_TOKEN, "<|im_start|>", EOS_TOKEN)
+# Roles shortened to their first letter: the model sees ~10 fewer tokens per message.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'][0] }}:{{ m['content'] }}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>a:{% endif %}"
+)
+# Written next to the weights: a model directory says how it was made.
+RECIPE_FILE = "agl_tiny_model.json"
+
+
+def build_tokenizer():  # type: ignore[no-untyped-def]
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    core = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens(list(SPECIAL_TOKENS))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, bos_token=None, unk_token=None
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_model(out_dir: Path | str, *, hidden: int = 128, layers: int = 4, seed: int = 0) -> Path:
+    """Writes tokenizer, config and random weights to out_dir; returns it. Deterministic for a given seed."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if hidden % 64:
+        raise ValueError(f"hidden={hidden}: must be a multiple of 64 (the head size)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    tokenizer.save_pretrained(out)
+    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    config = Qwen2Config(
+        vocab_size=(len(tokenizer) + 63) // 64 * 64,
+        hidden_size=hidden,
+        intermediate_size=hidden * 4,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=max(1, hidden // 128),
+        head_dim=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        eos_token_id=eos_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        rope_theta=10000.0,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = eos_id
+    model.save_pretrained(out, safe_serialization=True)
+    params = sum(p.numel() for p in model.parameters())
+    recipe = {"hidden": hidden, "layers": layers, "seed": seed, "parameters": params, "warm_start": None}
+    (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.engine.tiny_model", description=__doc__)
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    out = build_tiny_model(args.out_dir, hidden=args.hidden, layers=args.layers, seed=args.seed)
+    recipe = json.loads((out / RECIPE_FILE).read_text())
+    print(f"{out}: {recipe['parameters']:,} parameters")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
