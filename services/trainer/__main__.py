@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import logging
 
+from pathlib import Path
+
 import hydra
 
+# An absolute path: Hydra turns a relative one into a module name, and "hydra-conf" is not importable on purpose.
+CONFIG_DIR = str(Path(__file__).resolve().parent / "hydra-conf")
 
-@hydra.main(config_path="hydra-conf", config_name="agl_trainer", version_base=None)
+
+@hydra.main(config_path=CONFIG_DIR, config_name="agl_trainer", version_base=None)
 def main(config) -> None:  # type: ignore[no-untyped-def]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .runner import run
