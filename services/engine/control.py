@@ -1,0 +1,184 @@
+"""Async client for one vLLM engine's admin routes (vLLM started with VLLM_SERVER_DEV_MODE=1, as
+`python -m services.engine` does): health, in-place weight reload, prefix-cache reset, weight version,
+pause/resume.
+
+Guarantee: a call either did what it says or raises EngineError naming the engine, the route, the HTTP status
+and the engine's own message; nothing the engine refuses passes silently. Imports no vLLM (main venv).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+PauseMode = Literal["abort", "wait", "keep"]
+# vLLM's own reload; AGL's worker extension adds a checked one that rolls back a failed reload (vllm_ext.py).
+AGL_RELOAD = "agl_reload_weights"
+VLLM_RELOAD = "reload_weights"
+
+
+class EngineError(Exception):
+    """An engine call failed: `status` is the HTTP status, or None when the engine could not be reached."""
+
+    def __init__(self, url: str, route: str, status: int | None, message: str) -> None:
+        self.url = url
+        self.route = route
+        self.status = status
+        self.message = message
+        answer = f"HTTP {status}" if status is not None else "no answer"
+        super().__init__(f"engine {url}: {route} -> {answer}: {message}")
+
+
+@dataclass(frozen=True)
+class Reload:
+    weights_dir: str
+    seconds: float  # round trip, as the caller waited
+    method: str  # the worker method that did it (AGL_RELOAD, or VLLM_RELOAD on an engine without the extension)
+
+
+def engine_root(url: str) -> str:
+    """The server root of an engine given as its root or as its OpenAI base URL (`.../v1`, as registered)."""
+    root = url.rstrip("/")
+    return root.removesuffix("/v1")
+
+
+def _message(response: httpx.Response) -> str:
+    """The engine's own words: OpenAI-shaped `error.message`, vLLM's `{"error": str}`, FastAPI's `detail`, or text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:2000] or response.reason_phrase
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if error:
+            return str(error)
+        if body.get("detail"):
+            return str(body["detail"])
+    return str(body)[:2000]
+
+
+class EngineControl:
+    """One engine's admin routes. Use as `async with EngineControl(url) as engine: ...`."""
+
+    def __init__(self, url: str, *, api_key: str | None = None, timeout_s: float = 60.0) -> None:
+        self.url = engine_root(url)
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout_s)
+        self._reload_method = AGL_RELOAD
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> EngineControl:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _call(
+        self, method: str, route: str, *, json: Any = None, params: dict[str, Any] | None = None, what: str = ""
+    ) -> httpx.Response:
+        label = f"{method} {route}" + (f" ({what})" if what else "")
+        try:
+            response = await self._http.request(method, route, json=json, params=params)
+        except httpx.HTTPError as err:
+            raise EngineError(self.url, label, None, f"{type(err).__name__}: {err}") from err
+        if response.status_code != 200:
+            raise EngineError(self.url, label, response.status_code, _message(response))
+        return response
+
+    async def health(self) -> bool:
+        """True when GET /health answers 200 (the engine core is alive)."""
+        try:
+            response = await self._http.get("/health")
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def wait_ready(self, timeout_s: float = 180.0, interval_s: float = 0.5) -> None:
+        """Waits until /health answers 200; EngineError with the last failure after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        last = "not tried"
+        while True:
+            try:
+                await self._call("GET", "/health")
+                return
+            except EngineError as err:
+                last = f"{'HTTP ' + str(err.status) if err.status else 'no answer'}: {err.message}"
+            if time.monotonic() >= deadline:
+                raise EngineError(self.url, "GET /health", None, f"not ready after {timeout_s:g}s (last: {last})")
+            await asyncio.sleep(interval_s)
+
+    async def collective_rpc(
+        self, method: str, kwargs: dict[str, str] | None = None, timeout_s: float | None = None
+    ) -> list[Any]:
+        """Calls `method` on every worker (vLLM passes only string arguments); returns one result per worker."""
+        body: dict[str, Any] = {"method": method, "kwargs": kwargs or {}}
+        if timeout_s is not None:
+            body["timeout"] = timeout_s
+        what = ", ".join([method, *(f"{k}={v}" for k, v in (kwargs or {}).items())])
+        response = await self._call("POST", "/collective_rpc", json=body, what=what)
+        if not response.content:
+            return []
+        return list(response.json().get("results") or [])
+
+    async def reload_weights(self, weights_dir: str) -> Reload:
+        """Loads the safetensors in weights_dir (a path on the engine's host) into the running model in place.
+
+        On an engine with AGL's worker extension the reload is checked first and rolled back if it fails, so a
+        refusal leaves the old weights serving; an engine without it gets vLLM's own reload_weights.
+        """
+        started = time.perf_counter()
+        try:
+            await self.collective_rpc(self._reload_method, {"weights_dir": weights_dir})
+        except EngineError as err:
+            if self._reload_method != AGL_RELOAD or f"has no attribute '{AGL_RELOAD}'" not in err.message:
+                raise
+            log.warning("engine %s has no AGL worker extension: using vLLM's reload_weights", self.url)
+            self._reload_method = VLLM_RELOAD
+        if self._reload_method == VLLM_RELOAD:
+            await self.collective_rpc(VLLM_RELOAD, {"weights_path": weights_dir})
+        seconds = time.perf_counter() - started
+        log.info("engine %s reloaded weights from %s in %.3fs", self.url, weights_dir, seconds)
+        return Reload(weights_dir=weights_dir, seconds=seconds, method=self._reload_method)
+
+    async def reset_prefix_cache(self, attempts: int = 20, interval_s: float = 0.05) -> None:
+        """Drops cached prefixes (computed with old weights). vLLM refuses while running requests hold blocks:
+        retried, then EngineError."""
+        for _ in range(attempts):
+            response = await self._call("POST", "/reset_prefix_cache")
+            if response.json().get("success", True):
+                return
+            await asyncio.sleep(interval_s)
+        raise EngineError(
+            self.url, "POST /reset_prefix_cache", 200, f"refused {attempts} times (blocks held by running requests)"
+        )
+
+    async def set_weight_version(self, version: str | int) -> None:
+        """Labels the served weights (vLLM's /update_weight_version); read back with weight_version()."""
+        await self._call("POST", "/update_weight_version", json={"new_version": str(version)})
+
+    async def weight_version(self) -> str:
+        response = await self._call("GET", "/weight_info")
+        return str(response.json()["weight_version"])
+
+    async def pause(self, mode: PauseMode = "wait") -> None:
+        """Stops taking new generation work: `wait` lets running requests finish, `abort` ends them,
+        `keep` freezes them until resume."""
+        await self._call("POST", "/pause", params={"mode": mode})
+
+    async def resume(self) -> None:
+        await self._call("POST", "/resume")
+
+    async def is_paused(self) -> bool:
+        response = await self._call("GET", "/is_paused")
+        return bool(response.json()["is_paused"])

@@ -1,0 +1,155 @@
+"""The real CPU vLLM engine for tests: a tiny model made here, served by `python -m services.engine` from the
+checkout's .venv-engine on a free loopback port, stopped with its whole process group.
+
+A pytest plugin (registered in tests/conftest.py): the session-scoped `cpu_engine` fixture starts ONE engine
+per pytest session for every test folder that asks for it (a start costs ~35 s and ~3 GB). Tests that reload
+other weights into it put the base weights back when they finish (`restore_base_weights`).
+A missing .venv-engine fails the test with the command that makes it; it never skips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from services.engine.control import EngineControl
+from tests.support.procs import REPO_ROOT, free_port
+
+ENGINE_PYTHON = REPO_ROOT / ".venv-engine" / "bin" / "python"
+MODEL_NAME = "agl-policy"
+START_TIMEOUT_S = 240.0
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A running engine: `url` is the server root, `openai_url` what a client or the ledger registry takes."""
+
+    url: str
+    model_dir: Path
+    model_name: str
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def openai_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def control(self) -> EngineControl:
+        return EngineControl(self.url)
+
+    def restore_base_weights(self) -> None:
+        """Reloads the weights the engine started with (from synchronous code, e.g. a fixture's teardown)."""
+
+        async def restore() -> None:
+            async with self.control() as control:
+                await control.reload_weights(self.model_dir)
+                await control.reset_prefix_cache()
+
+        asyncio.run(restore())
+
+
+def require_engine_venv() -> Path:
+    if not ENGINE_PYTHON.is_file():
+        pytest.fail(
+            f"the CPU vLLM engine's venv is missing ({ENGINE_PYTHON}): run `make engine-venv` first", pytrace=False
+        )
+    return ENGINE_PYTHON
+
+
+def build_model(directory: Path, **kwargs: int) -> Path:
+    """The tiny Qwen2-shaped model (services.engine.tiny_model), built in this (the main) venv."""
+    from services.engine.tiny_model import build_tiny_model
+
+    return build_tiny_model(directory, **kwargs)
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"engine exited with {proc.returncode} before it was healthy")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2.0) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, OSError) as err:
+            last = err
+        time.sleep(0.25)
+    raise TimeoutError(f"{url}/health did not answer 200 within {timeout_s:.0f}s: {last}")
+
+
+def _stop_group(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
+    """SIGTERM to the engine's process group (API server and engine-core worker), SIGKILL if it lingers."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=timeout_s)
+    # The worker may outlive the server by a moment; whatever is left of the group goes now.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@contextlib.contextmanager
+def run_engine(
+    model_dir: Path,
+    *,
+    model_name: str = MODEL_NAME,
+    args: Sequence[str] = (),
+    log_dir: Path | None = None,
+    start_timeout_s: float = START_TIMEOUT_S,
+) -> Iterator[Engine]:
+    """Starts the engine the way a user does (`python -m services.engine`), waits for /health, stops it after."""
+    python = require_engine_venv()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "services.engine", "--model-dir", str(model_dir), "--python", str(python)]
+    argv += ["--served-model-name", model_name, "--host", "127.0.0.1", "--port", str(port), *args]
+    directory = Path(log_dir or tempfile.mkdtemp(prefix="agl-engine-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    log_path = directory / f"engine-{port}.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGL_", "VLLM_"))}
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True
+        )
+    engine = Engine(url=url, model_dir=Path(model_dir), model_name=model_name, log_path=log_path, proc=proc)
+    try:
+        try:
+            _wait_healthy(url, proc, start_timeout_s)
+        except Exception as err:
+            log = engine.log_text()
+            raise RuntimeError(f"engine did not become healthy: {err}\n--- engine log ---\n{log}") from err
+        yield engine
+    finally:
+        _stop_group(proc)
+
+
+@pytest.fixture(scope="session")
+def cpu_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """One real CPU vLLM engine serving the tiny model (served as `agl-policy`) for the whole pytest session."""
+    require_engine_venv()
+    root = tmp_path_factory.mktemp("cpu-engine")
+    model_dir = build_model(root / "model")
+    with run_engine(model_dir, log_dir=root) as engine:
+        yield engine
