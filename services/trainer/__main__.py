@@ -14,9 +14,13 @@ CONFIG_DIR = str(Path(__file__).resolve().parent / "hydra-conf")
 @hydra.main(config_path=CONFIG_DIR, config_name="agl_trainer", version_base=None)
 def main(config) -> None:  # type: ignore[no-untyped-def]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .config import ConfigError
     from .runner import run
 
-    run(config)
+    try:
+        run(config)
+    except ConfigError as err:  # a setting the user must change: one line, no traceback
+        raise SystemExit(f"agl-trainer: {err}") from None
 
 
 if __name__ == "__main__":

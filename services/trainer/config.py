@@ -42,6 +42,9 @@ class TrainerSettings:
     drain_timeout_s: float
     retry_after_seconds: int
     val_max_samples: int
+    # Engines AGL did not start (registered in the ledger) get the weights by file after each update.
+    external_engines: bool = False
+    weights_dir: str = ""
 
     def __repr__(self) -> str:  # never print the key
         key = "***" if self.key else None
@@ -107,6 +110,20 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         state_path=Path(str(state_dir)) / f"{run_id}.json" if state_dir else None,
         progress=bool(agl.get("progress", True)),
     )
+    engines = agl.get("engines") or {}
+    external = bool(engines.get("external", False))
+    weights_dir = str(engines.get("weights_dir") or "")
+    if external:
+        backend = str(_get(cfg, "actor_rollout_ref.rollout.checkpoint_engine.backend", ""))
+        if backend != "agl_file":
+            raise ConfigError(
+                f"agl.engines.external=true needs actor_rollout_ref.rollout.checkpoint_engine.backend=agl_file, "
+                f"not {backend!r} (see services/trainer/hydra-conf/placement/cpu.yaml)"
+            )
+        if not weights_dir or not Path(weights_dir).is_absolute():
+            raise ConfigError(
+                f"agl.engines.weights_dir={weights_dir!r}: set an absolute directory the engines can read"
+            )
     nodes = int(_get(cfg, "trainer.nnodes", 1))
     gpus = int(_get(cfg, "trainer.n_gpus_per_node", 1))
     data_path = DataPathSettings(
@@ -133,4 +150,6 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         drain_timeout_s=float(async_cfg.drain_timeout_seconds),
         retry_after_seconds=int(async_cfg.retry_after_seconds),
         val_max_samples=int(agl.get("val_max_samples", 0) or 0),
+        external_engines=external,
+        weights_dir=weights_dir,
     )

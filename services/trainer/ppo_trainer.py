@@ -1,11 +1,16 @@
 """AglPPOTrainer: verl's RayPPOTrainer with the rollout phase driven through the ledger.
 
-GPU-only code path (verl workers, vLLM replicas); kept thin. Everything it decides is done by the tested
-pieces: RolloutManager (rollouts), build_training_batch (data path), the per_rollout_mean loss.
+Everything it decides is done by tested pieces: RolloutManager (rollouts), build_training_batch (data
+path), the per_rollout_mean loss, engine_push (external engines). Two placements of the same step:
+- colocated (GPU): verl's own vLLM replicas beside the actor; weights through verl's checkpoint engine;
+- external engines (`agl.engines.external`): engines AGL did not start (the CPU vLLM of the embedded
+  default, a separate vLLM deployment), registered in the ledger; the actor is the only verl worker, writes
+  its weights with the `agl_file` checkpoint engine, and the driver has every engine reload them.
 
-A step: register the engines (version = global step) -> manager.collect -> [async: pause + drain proxies]
--> sleep the engines -> data path -> old/ref log-probs -> actor update (aligned mini-batches) -> weights to
-the engines -> [async: resume proxies] -> metrics.
+A step: register/check the engines -> manager.collect -> pause + drain the proxies (async mode, and always
+with external engines) -> [colocated: sleep the replicas] -> data path -> old (and ref) log-probs -> actor
+update on aligned mini-batches, skipped when no row carries an advantage -> weights to the engines ->
+resume the proxies -> metrics.
 """
 
 from __future__ import annotations
@@ -14,12 +19,17 @@ import logging
 import random
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import ray
 from omegaconf import OmegaConf, open_dict
 from verl import DataProto
+from verl.single_controller.ray import RayClassWithInitArgs
+from verl.single_controller.ray.base import create_colocated_worker_cls
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+from verl.trainer.ppo.utils import Role
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
@@ -32,7 +42,8 @@ from services.client import LedgerClient
 from .adapter import build_training_batch
 from .config import TrainerSettings
 from .datasets import TaskLoader
-from .drain import HttpProxyDrainer, ProxyDrainer
+from .drain import DrainResult, HttpProxyDrainer, ProxyDrainer
+from .engine_push import push_weights, registered_endpoints
 from .hooks import load_hooks
 from .loop_thread import LoopThread
 from .loss import apply_row_weights
@@ -40,6 +51,27 @@ from .manager import RolloutManager
 from .specs import Sample
 
 log = logging.getLogger(__name__)
+
+
+def logprob_agreement(batch: DataProto) -> dict[str, float]:
+    """How far the engine's sampling log-probs are from the trainer's recomputation on the same rows.
+
+    The rows were sampled with the weights of the last push, and old_log_probs are the actor's on the same
+    weights: the difference is the weight sync's error (plus numerics), and must stay near zero."""
+    if "rollout_log_probs" not in batch.batch or "old_log_probs" not in batch.batch:
+        return {}
+    mask = batch.batch["response_mask"].bool()
+    if not bool(mask.any()):
+        return {}
+    diff = (batch.batch["old_log_probs"] - batch.batch["rollout_log_probs"]).abs()[mask]
+    return {"agl/push/logprob_diff_max": float(diff.max()), "agl/push/logprob_diff_mean": float(diff.mean())}
+
+
+def has_learning_signal(batch: DataProto) -> bool:
+    """False when every trained token has a zero advantage: the gradient is zero, but Adam's momentum (and
+    weight decay) would still move the weights, so the update is skipped."""
+    mask = batch.batch["response_mask"].bool()
+    return bool((batch.batch["advantages"][mask] != 0).any())
 
 
 class AglPPOTrainer(RayPPOTrainer):
@@ -93,7 +125,10 @@ class AglPPOTrainer(RayPPOTrainer):
     # -- workers + the ledger side --------------------------------------------------------------------------
 
     def init_workers(self) -> None:
-        super().init_workers()
+        if self.agl.external_engines:
+            self._init_actor_workers()
+        else:
+            super().init_workers()
         self.loop = LoopThread()
         self.ledger = LedgerClient(self.agl.ledger_address, self.agl.key)
         hooks = load_hooks(self.agl.hooks) if self.agl.hooks else None
@@ -109,12 +144,60 @@ class AglPPOTrainer(RayPPOTrainer):
                 self.ledger, retry_after_seconds=self.agl.retry_after_seconds, timeout_s=self.agl.drain_timeout_s
             )
 
+    def _init_actor_workers(self) -> None:
+        """External engines: only the actor (and a reference policy when the KL loss needs one) as verl
+        workers, no rollout replicas, no agent loop, no reward loop: the agents and the ledger do those."""
+        self.resource_pool_manager.create_resource_pool()
+        actor_role = Role.ActorRolloutRef if Role.ActorRolloutRef in self.role_worker_mapping else Role.ActorRollout
+        pool = self.resource_pool_manager.get_resource_pool(actor_role)
+        worker_cls = self.role_worker_mapping[actor_role]
+        classes = {"actor": RayClassWithInitArgs(cls=worker_cls, config=self.config.actor_rollout_ref, role="actor")}
+        if self.use_reference_policy and not self.ref_in_actor:
+            classes["ref"] = RayClassWithInitArgs(cls=worker_cls, config=self.config.actor_rollout_ref, role="ref")
+        group = self.ray_worker_group_cls(
+            resource_pool=pool,
+            ray_cls_with_init=create_colocated_worker_cls(class_dict=classes),
+            device_name=self.device_name,
+        )
+        spawned = group.spawn(prefix_set=classes.keys())
+        if "ref" in spawned:
+            self.ref_policy_wg = spawned["ref"]
+            self.ref_policy_wg.init_model()
+        self.actor_rollout_wg = spawned["actor"]
+        self.actor_rollout_wg.init_model()
+        if self.ref_in_actor:
+            self.ref_policy_wg = self.actor_rollout_wg
+        self.checkpoint_manager = None
+        self.llm_server_manager = None
+
     def _endpoints(self) -> list[str]:
         addresses = self.llm_server_manager.get_addresses()
         return [a if a.startswith("http") else f"http://{a}/v1" for a in addresses]
 
     def _register(self) -> None:
+        if self.agl.external_engines:
+            # The operator registered them; a missing engine is one clear error, not a hang on the proxies.
+            self.loop.run(registered_endpoints(self.ledger, self.agl.model_name))
+            return
         self.loop.run(self.manager.register_endpoints(self.agl.model_name, self._endpoints(), self.global_steps))
+
+    def _sync_weights(self, metrics: dict[str, Any]) -> None:
+        """The actor's current weights to every engine, at version = global step."""
+        if not self.agl.external_engines:
+            self.checkpoint_manager.update_weights(self.global_steps)
+            return
+        written = self.actor_rollout_wg.update_weights(global_steps=self.global_steps)
+        if isinstance(written, list) and written and isinstance(written[0], ray.ObjectRef):
+            written = ray.get(written)
+        for part in written if isinstance(written, list) else [written]:
+            if isinstance(part, dict):
+                metrics.update(part)
+        pushed = self.loop.run(
+            push_weights(self.ledger, self.agl.model_name, Path(self.agl.weights_dir), self.global_steps)
+        )
+        metrics["agl/push/engines"] = float(len(pushed.endpoints))
+        metrics["agl/push/reload_s"] = pushed.slowest_s
+        metrics["agl/push/seconds"] = pushed.seconds
 
     # -- validation through the ledger ----------------------------------------------------------------------
 
@@ -156,16 +239,39 @@ class AglPPOTrainer(RayPPOTrainer):
 
     # -- the loop -------------------------------------------------------------------------------------------
 
+    def _log_probs(self, batch: DataProto, metrics: dict[str, Any], timing: dict[str, float]) -> DataProto:
+        # The worker scales logits by this temperature; verl's fit sets it when it builds the batch.
+        batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+        batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(dim=-1).tolist()
+        with marked_timer("old_log_prob", timing):
+            old_log_prob, _ = self._compute_old_log_prob(batch)
+            entropys = old_log_prob.batch.pop("entropys")
+            mask = batch.batch["response_mask"].bool()
+            if bool(mask.any()):
+                metrics["actor/entropy"] = float(entropys[mask].mean())
+            batch = batch.union(old_log_prob)
+        metrics.update(logprob_agreement(batch))
+        if self.use_reference_policy:
+            with marked_timer("ref", timing):
+                batch = batch.union(self._compute_ref_log_prob(batch))
+        return batch
+
     def _train_step(self, samples: Iterator[Sample], metrics: dict[str, Any], timing: dict[str, float]) -> Any:
         with marked_timer("gen", timing):
             self._register()
             result = self.loop.run(self.manager.collect(self.global_steps, samples))
         metrics.update(result.metrics)
-        if self.agl.async_enabled:
-            drained = self.loop.run(self.drainer.pause_and_drain(f"step {self.global_steps} weight update"))
+        pause = self.agl.async_enabled or self.agl.external_engines
+        if pause:
+            drained: DrainResult = self.loop.run(
+                self.drainer.pause_and_drain(f"step {self.global_steps} weight update")
+            )
             metrics["agl/proxy/drain_s"] = drained.seconds
             metrics["agl/proxy/drained"] = float(drained.drained)
-        self.checkpoint_manager.sleep_replicas()
+        if not self.agl.external_engines:
+            self.checkpoint_manager.sleep_replicas()
+        updated = False
+        batch = None
         try:
             with marked_timer("adapt", timing):
                 prepared = build_training_batch(
@@ -174,18 +280,18 @@ class AglPPOTrainer(RayPPOTrainer):
                 )  # fmt: skip
             metrics.update(prepared.metrics)
             batch = prepared.data
-            if batch is not None:
-                batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(dim=-1).tolist()
-                with marked_timer("old_log_prob", timing):
-                    old_log_prob, _ = self._compute_old_log_prob(batch)
-                    old_log_prob.batch.pop("entropys")
-                    batch = batch.union(old_log_prob)
-                if self.use_reference_policy:
-                    with marked_timer("ref", timing):
-                        batch = batch.union(self._compute_ref_log_prob(batch))
+            if batch is not None and not has_learning_signal(batch):
+                log.info("step %d: every trained row has a zero advantage; weights unchanged", self.global_steps)
+                metrics["agl/update/skipped_no_signal"] = 1.0
+            elif batch is not None:
+                if self.config.trainer.get("balance_batch", False) and self.actor_rollout_wg.world_size > 1:
+                    self._balance_batch(batch, metrics=metrics)
+                batch = self._log_probs(batch, metrics, timing)
                 apply_row_weights(batch)
                 with marked_timer("update_actor", timing):
                     metrics.update(self._update_actor_rows(batch, prepared.mini_batch_rows))
+                updated = True
+                metrics["agl/update/skipped_no_signal"] = 0.0
             else:
                 log.warning("step %d: no trainable rows; weights unchanged", self.global_steps)
             save_freq = self.config.trainer.save_freq
@@ -194,11 +300,14 @@ class AglPPOTrainer(RayPPOTrainer):
                 with marked_timer("save_checkpoint", timing):
                     self._save_checkpoint()
         finally:
-            with marked_timer("update_weights", timing):
-                self.checkpoint_manager.update_weights(self.global_steps)
-            if self.agl.async_enabled:
+            # Colocated replicas were put to sleep and must be woken with weights either way; external engines
+            # keep serving what they have when nothing changed.
+            if updated or not self.agl.external_engines:
+                with marked_timer("update_weights", timing):
+                    self._sync_weights(metrics)
+            if pause:
                 self.loop.run(self.drainer.resume())
-        return batch
+        return batch if updated else None
 
     def fit(self) -> None:
         tracker = Tracking(
@@ -209,11 +318,16 @@ class AglPPOTrainer(RayPPOTrainer):
         )
         self.global_steps = 0
         self._load_checkpoint()
-        self.checkpoint_manager.update_weights(self.global_steps)
+        start_metrics: dict[str, Any] = {}
+        # The engines start from the base model; after a resume they must serve the checkpoint's weights.
+        self._sync_weights(start_metrics)
         if self.config.trainer.get("val_before_train", False):
-            tracker.log(data=self._validate(), step=self.global_steps)
+            start_metrics.update(self._validate())
+        if start_metrics:
+            tracker.log(data=start_metrics, step=self.global_steps)
         samples = self.train_dataloader.stream()
         self.global_steps += 1
+        test_freq = self.config.trainer.test_freq
         try:
             while self.global_steps <= self.total_training_steps:
                 metrics: dict[str, Any] = {"training/global_step": self.global_steps}
@@ -221,18 +335,21 @@ class AglPPOTrainer(RayPPOTrainer):
                 started = time.monotonic()
                 with marked_timer("step", timing):
                     batch = self._train_step(samples, metrics, timing)
-                test_freq = self.config.trainer.test_freq
-                if test_freq > 0 and self.global_steps % test_freq == 0:
-                    metrics.update(self._validate())
+                last = self.global_steps >= self.total_training_steps
+                if test_freq > 0 and (self.global_steps % test_freq == 0 or last):
+                    with marked_timer("testing", timing):
+                        metrics.update(self._validate())
                 if batch is not None:
                     metrics.update(compute_data_metrics(batch=batch, use_critic=False))
                     metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing))
                     n_gpus = self.resource_pool_manager.get_n_gpus()
                     metrics.update(compute_throughout_metrics(batch=batch, timing_raw=timing, n_gpus=n_gpus))
                 metrics["agl/step/seconds"] = time.monotonic() - started
+                metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
                 tracker.log(data=metrics, step=self.global_steps)
                 self.global_steps += 1
         finally:
             self.loop.run(self.manager.close())
             self.loop.run(self.ledger.close())
             self.loop.close()
+            tracker.finish()

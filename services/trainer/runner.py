@@ -1,21 +1,25 @@
 """The Ray side of the entrypoint: verl's task runner, building an AglPPOTrainer instead of its own.
 
-GPU-only (verl workers, vLLM). `run(config)` is what `python -m services.trainer` calls after Hydra.
+`run(config)` is what `agl-trainer` / `python -m services.trainer` calls after Hydra. On a GPU machine it is
+verl's own launch. With `trainer.device=cpu` (`placement=cpu`) the same trainer runs verl's
+actor on CPU: the runner declares one logical Ray "GPU" per CPU training rank and hands every Ray process
+the environment that loads services.trainer.cpu_platform.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import ray
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 from verl.trainer.main_ppo import run_ppo
 from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-from .config import settings_from_config
+from .config import ConfigError, settings_from_config
 from .datasets import load_samples
 
 log = logging.getLogger(__name__)
@@ -51,12 +55,55 @@ class AglTaskRunner(BaseTaskRunner):
             train_samples=train,
             val_samples=val,
             processor=model_config.processor,
+            device_name=config.trainer.device,
         )
         trainer.init_workers()
         trainer.fit()
 
 
+def gpu_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def prepare_cpu(config: Any) -> None:
+    """Ray init arguments and the worker environment for a CPU run (in place)."""
+    from .cpu_platform import cpu_env
+
+    env = cpu_env()
+    os.environ.update(env)
+    ranks = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+    with open_dict(config):
+        ray_init = config.ray_kwargs.ray_init
+        # One logical "GPU" per CPU rank: verl's resource pools and placement groups then work unchanged.
+        ray_init.num_gpus = ranks
+        if ray_init.get("num_cpus") is None:
+            ray_init.num_cpus = max(os.cpu_count() or 1, ranks + 4)
+        ray_init.include_dashboard = False
+        if ray_init.get("object_store_memory") is None:
+            ray_init.object_store_memory = 256 * 1024**2
+        runtime_env = ray_init.setdefault("runtime_env", {})
+        env_vars = runtime_env.setdefault("env_vars", {})
+        for key, value in env.items():
+            env_vars[key] = value
+
+
+def check_device(config: Any) -> None:
+    device = str(config.trainer.get("device", "cuda"))
+    if device == "cpu":
+        return
+    if not gpu_available():
+        raise ConfigError(
+            f"trainer.device={device} but no GPU is visible here: to train on CPU, run "
+            f"`agl-trainer placement=cpu ...` (verl's actor on CPU, an external vLLM engine)"
+        )
+
+
 def run(config: Any) -> None:
     """Validates the AGL settings on the driver (fail fast, no GPU needed), then runs the Ray job."""
     settings_from_config(config)
+    check_device(config)
+    if str(config.trainer.get("device", "cuda")) == "cpu":
+        prepare_cpu(config)
     run_ppo(config, task_runner_class=AglTaskRunner)
