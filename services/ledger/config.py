@@ -21,6 +21,16 @@ class LedgerConfig:
     grace_seconds: float = 10.0  # how long SIGTERM waits for in-flight calls
     log_level: str = "INFO"
     log_format: str = "text"  # "text" or "json" (one object per line)
+    # Connection limits (see connection_limits.py).
+    max_connections: int = 4096
+    handshake_timeout_s: float = 10.0
+    max_concurrent_streams: int = 1024
+    keepalive_s: float = 60.0
+    keepalive_timeout_s: float = 20.0
+    min_ping_interval_s: float = 10.0
+    max_connection_idle_s: float = 300.0
+    max_connection_age_s: float = 3600.0
+    max_connection_age_grace_s: float = 0.0  # 0: calls in progress on an aged connection may run to their end
 
     @property
     def address(self) -> str:
@@ -49,7 +59,30 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     p.add_argument("--grace-seconds", type=float, default=float(env.get("AGL_LEDGER_GRACE_SECONDS", "10")))
     p.add_argument("--log-level", default=env.get("AGL_LOG_LEVEL", "INFO"))
     p.add_argument("--log-format", choices=("text", "json"), default=env.get("AGL_LOG_FORMAT", "text"))
+    d = LedgerConfig()
+    limits = (
+        ("max_connections", int, "connections served at once; more are refused at accept"),
+        ("handshake_timeout_s", float, "seconds a new connection may take to finish the HTTP/2 handshake"),
+        ("max_concurrent_streams", int, "calls at once on one connection"),
+        ("keepalive_s", float, "seconds between the server's pings of an idle client"),
+        ("keepalive_timeout_s", float, "seconds a client may take to answer a ping before it is dropped"),
+        ("min_ping_interval_s", float, "shortest interval between a client's pings without calls"),
+        ("max_connection_idle_s", float, "seconds a connection without calls is kept"),
+        ("max_connection_age_s", float, "seconds after which a connection takes no new calls (GOAWAY)"),
+        ("max_connection_age_grace_s", float, "seconds calls of an aged connection may go on; 0: to their end"),
+    )
+    for name, kind, text in limits:
+        flag = name.removesuffix("_s").replace("_", "-")
+        env_name = "AGL_LEDGER_" + name.removesuffix("_s").upper()
+        default = kind(env.get(env_name, getattr(d, name)))
+        p.add_argument(f"--{flag}", dest=name, type=kind, default=default, help=f"{text} (env {env_name})")
     args = p.parse_args(argv)
+    if args.max_connections < 1 or args.max_concurrent_streams < 1:
+        p.error("--max-connections and --max-concurrent-streams must be positive")
+    if min(args.handshake_timeout_s, args.keepalive_s, args.keepalive_timeout_s, args.min_ping_interval_s) <= 0:
+        p.error("--handshake-timeout, --keepalive, --keepalive-timeout and --min-ping-interval must be positive")
+    if min(args.max_connection_idle_s, args.max_connection_age_s) <= 0 or args.max_connection_age_grace_s < 0:
+        p.error("--max-connection-idle and --max-connection-age must be positive, the grace not negative")
     if args.store != "memory" and not (args.store.startswith("sqlite:") and len(args.store) > len("sqlite:")):
         p.error(f"--store must be 'memory' or 'sqlite:PATH', not {args.store!r}")
     if args.max_message_mb <= 0 or args.watch_buffer <= 0 or args.ring_size <= 0:
@@ -68,4 +101,5 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         grace_seconds=args.grace_seconds,
         log_level=args.log_level.upper(),
         log_format=args.log_format,
+        **{name: getattr(args, name) for name, _, _ in limits},
     )

@@ -19,6 +19,10 @@ class InvalidArgument(LedgerError):
     """The request is malformed: a bad field value, invalid JSON text, a missing required field."""
 
 
+class AlreadyExists(LedgerError):
+    """A caller-chosen id is taken by something else (an event id appended before with a different payload)."""
+
+
 class FailedPrecondition(LedgerError):
     """The request is well-formed but the stored state forbids it (illegal transition, terminal rollout)."""
 

@@ -106,7 +106,15 @@ async def list_terminal(
     _check_cursor(ledger, after)
     entries, reached = _read_terminal(ledger, after, labels, page_size(size, 100, 1000))
     await ledger.durable(max((e.lsn for _, e in entries), default=0))
-    return [_terminal_item(ledger, c, e, include_events) for c, e in entries], reached
+    items: list[TerminalItem] = []
+    budget = ledger.page_bytes  # a page is cut by bytes too (at least one item); it continues after the last one
+    for cursor, entry in entries:
+        item = _terminal_item(ledger, cursor, entry, include_events)
+        budget -= item[1].ByteSize() + sum(len(data) + 8 for data in item[2]) + 16
+        if budget < 0 and items:
+            return items, items[-1][0]
+        items.append(item)
+    return items, reached
 
 
 async def watch_terminal(

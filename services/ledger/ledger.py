@@ -12,13 +12,15 @@ import collections
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from services._gen.agl.v1 import event_pb2, ledger_service_pb2, model_pb2, proxy_control_pb2, rollout_pb2
 
 from . import states
-from .errors import Aborted, FailedPrecondition, NotFound
+from .errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
 from .hub import Change, RolloutFilter, RolloutHub
+from .logs import printable
 from .model_registry import ModelRegistry
 from .paging import page_size, parse_token
 from .proxy_control import ProxyControlState
@@ -26,7 +28,7 @@ from .store import DELETE_MODEL, DELETE_ROLLOUT, PUT_EVENT, PUT_META, PUT_MODEL,
 from .terminal_log import TerminalLog
 from .triplet import split
 from .triplet import view as triplet_view
-from .validation import check_event, check_id, check_spec
+from .validation import check_event, check_safe_id, check_spec
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ META_PROXY_CONTROL = "proxy_control"
 class Entry:
     """One stored rollout plus its indexes. `rollout` is replaced, never mutated, when it changes."""
 
-    __slots__ = ("event_ids", "lsn", "next_seq", "ordinal", "rollout", "terminal_cursor")
+    __slots__ = ("event_ids", "lsn", "next_seq", "ordinal", "past_attempts", "rollout", "terminal_cursor")
 
     def __init__(self, rollout: rollout_pb2.Rollout, ordinal: int, terminal_cursor: int | None = None) -> None:
         self.rollout = rollout
@@ -54,11 +56,27 @@ class Entry:
         self.next_seq = 1
         self.event_ids: dict[str, tuple[int, str]] | None = None  # event_id -> (sequence, attempt_id)
         self.lsn = 0  # store write of the last change
+        # Attempts the rollout had before its current one (set while this ledger ran): late events may name them.
+        self.past_attempts: set[str] | None = None
+
+
+def _within(rows: list[Any], size: int, max_bytes: int, length: Callable[[Any], int]) -> int:
+    """How many of `rows` one page takes: at most `size`, and no more bytes than `max_bytes` (at least one row)."""
+    total = 0
+    for i, row in enumerate(rows[:size]):
+        total += length(row) + 8  # + the field's tag and length
+        if total > max_bytes and i > 0:
+            return i
+    return min(len(rows), size)
 
 
 class Ledger:
-    def __init__(self, store: Store, *, ring_size: int = 50_000, watch_buffer: int = 8192) -> None:
+    def __init__(
+        self, store: Store, *, ring_size: int = 50_000, watch_buffer: int = 8192, page_bytes: int = 60 * 1024 * 1024
+    ) -> None:
         self.store = store
+        # Most bytes of events or rollouts one page carries (at least one item): a page must fit in one gRPC message.
+        self.page_bytes = page_bytes
         self.rollouts: dict[str, Entry] = {}
         self.revision = 0
         self.last_lsn = 0
@@ -193,6 +211,7 @@ class Ledger:
         more = False
         lsn = 0
         after_ordinal = after
+        budget = self.page_bytes
         for entry in self.rollouts.values():
             if entry.ordinal <= after:
                 continue
@@ -202,6 +221,10 @@ class Ledger:
             if controller_id and rollout.status.controller_id != controller_id:
                 continue
             if len(out) == size:
+                more = True
+                break
+            budget -= rollout.ByteSize() + 8
+            if budget < 0 and out:
                 more = True
                 break
             out.append(rollout)
@@ -244,7 +267,7 @@ class Ledger:
         controller_id: str = "",
         expected_version: int | None = None,
     ) -> rollout_pb2.Rollout:
-        check_id(attempt_id, "attempt_id", f"rollout {rollout_id}")
+        check_safe_id(attempt_id, "attempt_id", f"rollout {rollout_id}")
         entry = self.entry(rollout_id)
         current = entry.rollout
         if expected_version is not None and current.status.version != expected_version:
@@ -281,6 +304,10 @@ class Ledger:
         if terminal:
             ops.append((PUT_META, META_TERMINAL_CURSOR, entry.terminal_cursor))
         lsn = self._write(ops)
+        if current.status.attempt_id and current.status.attempt_id != status.attempt_id:
+            if entry.past_attempts is None:
+                entry.past_attempts = set()
+            entry.past_attempts.add(current.status.attempt_id)
         entry.rollout = rollout
         entry.lsn = lsn
         self.state_counts[previous_state] -= 1
@@ -291,7 +318,7 @@ class Ledger:
         log.info(
             "rollout %s: %s -> %s (attempt %s, version %d)%s",
             rollout_id, states.state_name(previous_state), states.state_name(state), status.attempt_id,
-            status.version, f": {status.error_message}" if error_message else "",
+            status.version, f": {printable(status.error_message)}" if error_message else "",
         )  # fmt: skip
         await self.durable(lsn)
         return rollout
@@ -318,11 +345,24 @@ class Ledger:
             entry = rollouts.get(event.rollout_id)
             if entry is None:
                 raise NotFound(f"events[{i}]: rollout {event.rollout_id} not found")
-            if reject_terminal and states.is_terminal(entry.rollout.status.state):
+            status = entry.rollout.status
+            if reject_terminal and states.is_terminal(status.state):
                 raise FailedPrecondition(
-                    f"rollout {event.rollout_id} is {states.state_name(entry.rollout.status.state)}: "
-                    "it accepts no more events"
+                    f"rollout {event.rollout_id} is {states.state_name(status.state)}: it accepts no more events"
                 )
+            if (
+                event.attempt_id
+                and event.attempt_id != status.attempt_id
+                and (entry.past_attempts is None or event.attempt_id not in entry.past_attempts)
+            ):
+                raise NotFound(
+                    f"events[{i}]: rollout {event.rollout_id} has no attempt {event.attempt_id!r} "
+                    f"(its attempt is {status.attempt_id!r}); events name one of the rollout's attempts or none"
+                )
+            if event.event_id and entry.event_ids is not None:
+                known = entry.event_ids.get(event.event_id)
+                if known is not None:
+                    self._check_same(event, known, entry, i)
         seconds, nanos = divmod(time.time_ns(), 1_000_000_000)
         sequences: list[int] = []
         attempts: list[str] = []
@@ -356,6 +396,26 @@ class Ledger:
             self.events_appended += len(ops)
         return sequences, attempts, self.last_lsn
 
+    def _check_same(self, event: event_pb2.Event, known: tuple[int, str], entry: Entry, index: int) -> None:
+        """A repeated event_id is a retry only with the same content: raise AlreadyExists when it differs from the
+        stored event. Read only on a repeat, so appends pay nothing; an original still being committed (SQLite)
+        cannot be read yet and is taken as the same."""
+        seq, attempt = known
+        rows = self.store.read_events(event.rollout_id, None, None, seq - 1, 1)
+        if not rows or rows[0][0] != seq:
+            return
+        stored = event_pb2.Event.FromString(rows[0][1])
+        given = event_pb2.Event()
+        given.CopyFrom(event)
+        given.attempt_id = given.attempt_id or attempt
+        given.sequence = seq
+        given.create_time.CopyFrom(stored.create_time)
+        if given != stored:
+            raise AlreadyExists(
+                f"events[{index}]: event_id {event.event_id!r} of rollout {event.rollout_id} was appended before "
+                f"(sequence {seq}) with different content; a retry must repeat the event unchanged"
+            )
+
     async def list_events(
         self, rollout_id: str, attempt_id: str, event_type: str, view: int, size: int, token: str
     ) -> tuple[list[bytes], str]:
@@ -367,11 +427,12 @@ class Ledger:
         etype = event_type or None
         if view == TRIPLET:
             rows = self.triplet_events(rollout_id, attempt, etype)
-            rows = [(seq, data) for seq, data in rows if seq > after]
+            rows = [(seq, data) for seq, data in rows if seq > after][: size + 1]
         else:
-            rows = self.store.read_events(rollout_id, attempt, etype, after, size + 1)
-        more = len(rows) > size
-        rows = rows[:size]
+            rows = self.store.read_events(rollout_id, attempt, etype, after, size + 1, self.page_bytes)
+        kept = _within(rows, size, self.page_bytes, lambda row: len(row[1]))
+        more = len(rows) > kept
+        rows = rows[:kept]
         return [data for _, data in rows], (str(rows[-1][0]) if more else "")
 
     def triplet_events(self, rollout_id: str, attempt: str | None, event_type: str | None) -> list[tuple[int, bytes]]:

@@ -42,10 +42,17 @@ class MemoryStore(Store):
         return None
 
     def read_events(
-        self, rollout_id: str, attempt_id: str | None, event_type: str | None, after_sequence: int, limit: int
+        self,
+        rollout_id: str,
+        attempt_id: str | None,
+        event_type: str | None,
+        after_sequence: int,
+        limit: int,
+        max_bytes: int | None = None,
     ) -> list[tuple[int, bytes]]:
         rows = self._events.get(rollout_id, ())
         out: list[tuple[int, bytes]] = []
+        budget = -1 if max_bytes is None else max_bytes
         # Sequences are dense from 1 within a rollout's list, so the start is an index.
         for seq, attempt, etype, data, _cut in rows[after_sequence:] if after_sequence >= 0 else rows:
             if attempt_id is not None and attempt != attempt_id:
@@ -55,6 +62,10 @@ class MemoryStore(Store):
             out.append((seq, data))
             if len(out) >= limit:
                 break
+            if budget >= 0:
+                budget -= len(data)
+                if budget < 0:
+                    break
         return out
 
     def read_triplets(

@@ -13,6 +13,7 @@ from prometheus_client import start_http_server
 
 from .auth import BearerAuthInterceptor
 from .config import LedgerConfig
+from .connection_limits import server_options
 from .ledger import Ledger
 from .memory_store import MemoryStore
 from .metrics import build_registry
@@ -39,16 +40,20 @@ async def serve(config: LedgerConfig) -> int:
         stop.set()
 
     store = open_store(config, store_failed)
-    ledger = Ledger(store, ring_size=config.ring_size, watch_buffer=config.watch_buffer)
+    max_bytes = config.max_message_mb * 1024 * 1024
+    # A page of events or rollouts is cut by bytes too, with room left for the rest of the message.
+    ledger = Ledger(
+        store, ring_size=config.ring_size, watch_buffer=config.watch_buffer, page_bytes=max_bytes * 15 // 16
+    )
     ledger.load()
 
-    max_bytes = config.max_message_mb * 1024 * 1024
     server = grpc.aio.server(
         interceptors=[BearerAuthInterceptor(config.key)] if config.key else None,
         options=[
             ("grpc.max_receive_message_length", max_bytes),
             ("grpc.max_send_message_length", max_bytes),
             ("grpc.so_reuseport", 0),
+            *server_options(config),
         ],
     )
     servicer = LedgerServicer(ledger)

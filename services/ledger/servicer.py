@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 STATUS_BY_ERROR: dict[type[errors.LedgerError], grpc.StatusCode] = {
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.Aborted: grpc.StatusCode.ABORTED,
     errors.OutOfRange: grpc.StatusCode.OUT_OF_RANGE,

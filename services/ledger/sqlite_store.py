@@ -145,14 +145,30 @@ class SqliteStore(Store):
         await fut
 
     def read_events(
-        self, rollout_id: str, attempt_id: str | None, event_type: str | None, after_sequence: int, limit: int
+        self,
+        rollout_id: str,
+        attempt_id: str | None,
+        event_type: str | None,
+        after_sequence: int,
+        limit: int,
+        max_bytes: int | None = None,
     ) -> list[tuple[int, bytes]]:
         sql = "SELECT seq, data FROM events WHERE rollout_id = ? AND seq > ?"
         args: list[object] = [rollout_id, after_sequence]
         sql, args = _filtered(sql, args, attempt_id, event_type)
         sql += " ORDER BY seq LIMIT ?"
         args.append(limit)
-        return self._reader.execute(sql, args).fetchall()
+        cursor = self._reader.execute(sql, args)
+        if max_bytes is None:
+            return cursor.fetchall()
+        out: list[tuple[int, bytes]] = []
+        for row in cursor:  # rows are read one at a time, so large events past the budget are never loaded
+            out.append(row)
+            max_bytes -= len(row[1])
+            if max_bytes < 0:
+                break
+        cursor.close()
+        return out
 
     def read_triplets(
         self, rollout_id: str, attempt_id: str | None, event_type: str | None

@@ -88,9 +88,16 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def read_events(
-        self, rollout_id: str, attempt_id: str | None, event_type: str | None, after_sequence: int, limit: int
+        self,
+        rollout_id: str,
+        attempt_id: str | None,
+        event_type: str | None,
+        after_sequence: int,
+        limit: int,
+        max_bytes: int | None = None,
     ) -> list[tuple[int, bytes]]:
-        """(sequence, event_bytes) of durable events in sequence order; None filters match anything."""
+        """(sequence, event_bytes) of durable events in sequence order; None filters match anything. At most `limit`
+        rows; with `max_bytes`, reading also stops after the first row that takes the total past it."""
 
     @abc.abstractmethod
     def read_triplets(

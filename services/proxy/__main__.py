@@ -6,15 +6,18 @@ import logging
 
 import uvicorn
 
+from . import serving
 from .app import create_app
+from .client_limits import limits_for
 from .config import parse_config
-from .serving import CoalescingHttpToolsProtocol
 
 
 def main() -> None:
     config = parse_config()
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    limits = limits_for(config)
+    serving.configure(limits)
     options = {
         "host": config.host,
         "port": config.port,
@@ -22,9 +25,10 @@ def main() -> None:
         "access_log": False,
         # Nothing reads the client address (no access log), so X-Forwarded-* need not be parsed on every request.
         "proxy_headers": False,
-        "timeout_keep_alive": 75,
+        "timeout_keep_alive": limits.keep_alive_s,
         "backlog": 4096,
-        "http": CoalescingHttpToolsProtocol,  # one send per answer instead of two (see serving.py)
+        # One send per answer instead of two, header and body deadlines, a connection cap (see serving.py).
+        "http": serving.GuardedHttpToolsProtocol,
     }
     if config.workers > 1:
         uvicorn.run("services.proxy.app:app_from_argv", factory=True, workers=config.workers, **options)

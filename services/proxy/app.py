@@ -22,9 +22,11 @@ from starlette.types import Receive, Scope, Send
 
 from services.client import LedgerClient
 
+from . import serving
 from .auth import Authorizer, presented_key
 from .background import stop_tasks
 from .calls import ModelCalls, Reply, StreamSession
+from .client_limits import limits_for
 from .config import ProxyConfig, parse_config
 from .coordination import Coordinator
 from .errors import ProxyError
@@ -281,6 +283,14 @@ def create_app(config: ProxyConfig) -> Starlette:
         err = ProxyError(kind, f"{request.method} {request.url.path}: {exc.detail}")
         return JSONResponse(err.body(), status_code=exc.status_code)
 
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, ClientDisconnect):  # the agent left (or its body deadline passed): nobody to answer
+            return Response(status_code=400)
+        # A bug, not the agent's fault: logged with its traceback here, answered OpenAI-shaped (never a traceback).
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        err = ProxyError("internal", "The proxy failed to handle this request; see its log.")
+        return JSONResponse(err.body(), status_code=err.status)
+
     routes = [
         Route(f"{_PREFIX}/chat/completions", chat, methods=["POST"]),
         Route(f"{_PREFIX}/completions", completions, methods=["POST"]),
@@ -296,7 +306,7 @@ def create_app(config: ProxyConfig) -> Starlette:
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={ProxyError: proxy_error, HTTPException: http_error},
+        exception_handlers={ProxyError: proxy_error, HTTPException: http_error, Exception: internal_error},
     )
     app.state.proxy = proxy
     return app
@@ -304,4 +314,6 @@ def create_app(config: ProxyConfig) -> Starlette:
 
 def app_from_argv() -> Starlette:
     """Factory for uvicorn workers: each worker process rebuilds the config from the same flags and env."""
-    return create_app(parse_config())
+    config = parse_config()
+    serving.configure(limits_for(config))  # the protocol of this worker serves with the same client limits
+    return create_app(config)

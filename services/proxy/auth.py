@@ -25,13 +25,19 @@ class Authorizer:
 
     def __init__(self, key: str | None) -> None:
         self._key = key or None
+        self._key_bytes = self._key.encode() if self._key else b""
 
     @property
     def enabled(self) -> bool:
         return self._key is not None
 
     def is_master(self, presented: str | None) -> bool:
-        return self._key is None or (presented is not None and hmac.compare_digest(presented, self._key))
+        if self._key is None:
+            return True
+        # Bytes, not str: compare_digest refuses str with non-ASCII characters (a TypeError, that is a 500).
+        return presented is not None and hmac.compare_digest(
+            presented.encode("utf-8", "surrogatepass"), self._key_bytes
+        )
 
     def require_master(self, presented: str | None) -> None:
         if not self.is_master(presented):

@@ -26,7 +26,7 @@ from .errors import ProxyError
 from .gateway import LedgerGateway
 from .metrics import ProxyMetrics
 from .recording import ERROR, INCOMPLETE, OK, CallRecord, model_request_event
-from .rewrite import CHAT, RewriteSettings, loads_lenient, parse_body, rewrite, validate
+from .rewrite import CHAT, RewriteSettings, dumps, loads_lenient, parse_body, rewrite, validate
 from .routing import Endpoint, RoutingTable
 from .sse import DONE, SSESplitter
 from .upstream import Upstream, close_response
@@ -82,14 +82,14 @@ class ModelCalls:
         self.coordinator.enter()
         handed_over = False
         try:
-            await self.gateway.check_rollout(rollout_id)
+            await self.gateway.check_rollout(rollout_id, attempt_id)
             endpoints = self.routing.ranked(rollout_id)
             if not endpoints:
                 raise ProxyError(
                     "no_endpoint", f"No engine endpoint is registered for model {self.settings.model_name}."
                 )
             upstream_body = rewrite(body, api, mode, self.settings)
-            request_bytes = orjson.dumps(upstream_body)
+            request_bytes = dumps(upstream_body, "The request body")
             stream = bool(upstream_body.get("stream"))
             call = _Call(rollout_id, attempt_id, api, request_bytes.decode(), time.perf_counter(), stream)
             result = await self.upstream.call(

@@ -26,7 +26,11 @@ class ProxyConfig:
     read_timeout_s: float = 600.0
     ledger_timeout_s: float = 10.0
     max_body_bytes: int = 32 * 1024 * 1024
-    max_connections: int = 1024
+    max_connections: int = 1024  # engine connections (the pool's size)
+    max_client_connections: int = 4096  # agents' connections (reduced to what the open-file limit allows)
+    header_timeout_s: float = 10.0  # a request head must arrive within this (408 otherwise)
+    body_timeout_s: float = 60.0  # and its body within this after the head
+    keep_alive_s: float = 75.0  # an idle agent connection is closed after this
     rollout_cache_ttl_s: float = 60.0  # a stale entry costs one engine call at most (see gateway)
     heartbeat_s: float = 2.0
     replica_ttl_s: float = 10.0
@@ -106,6 +110,33 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     p.add_argument("--max-body-bytes", type=int, default=int(env.get("AGL_PROXY_MAX_BODY_BYTES", d.max_body_bytes)))
     p.add_argument("--max-connections", type=int, default=int(env.get("AGL_PROXY_MAX_CONNECTIONS", d.max_connections)))
     p.add_argument(
+        "--max-client-connections",
+        type=int,
+        default=int(env.get("AGL_PROXY_MAX_CLIENT_CONNECTIONS", d.max_client_connections)),
+        help="agents' connections served at once; above it the longest-waiting idle one is closed, or 503",
+    )
+    p.add_argument(
+        "--header-timeout",
+        dest="header_timeout_s",
+        type=float,
+        default=float(env.get("AGL_PROXY_HEADER_TIMEOUT", d.header_timeout_s)),
+        help="seconds a request's head may take to arrive (408 and close otherwise)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        dest="body_timeout_s",
+        type=float,
+        default=float(env.get("AGL_PROXY_BODY_TIMEOUT", d.body_timeout_s)),
+        help="seconds a request's body may take to arrive after its head (408 and close otherwise)",
+    )
+    p.add_argument(
+        "--keep-alive",
+        dest="keep_alive_s",
+        type=float,
+        default=float(env.get("AGL_PROXY_KEEP_ALIVE", d.keep_alive_s)),
+        help="seconds an idle agent connection is kept open",
+    )
+    p.add_argument(
         "--rollout-cache-ttl",
         dest="rollout_cache_ttl_s",
         type=float,
@@ -128,4 +159,8 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         p.error("--model-name (or AGL_MODEL_NAME) is required")
     if args.retry_attempts < 1:
         p.error("--retry-attempts must be at least 1")
+    if args.max_client_connections < 1:
+        p.error("--max-client-connections must be at least 1")
+    if min(args.header_timeout_s, args.body_timeout_s, args.keep_alive_s) <= 0:
+        p.error("--header-timeout, --body-timeout and --keep-alive must be positive")
     return ProxyConfig(**vars(args))

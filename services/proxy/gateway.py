@@ -55,25 +55,36 @@ class LedgerGateway:
         self.client = client
         self._append_timeout = append_timeout_s
         self._ttl = cache_ttl_s
-        self._states: OrderedDict[str, tuple[int, float]] = OrderedDict()  # rollout id -> (state, checked at)
-        self._pending: dict[str, asyncio.Future[int]] = {}
+        # rollout id -> (state, attempt id, checked at)
+        self._states: OrderedDict[str, tuple[int, str, float]] = OrderedDict()
+        self._pending: dict[str, asyncio.Future[tuple[int, str]]] = {}
 
     # -- rollouts ---------------------------------------------------------------------------------------------
 
-    async def check_rollout(self, rollout_id: str) -> None:
-        """Raises 404 for an unknown rollout, 409 for a finished one, 503 when the ledger cannot say."""
-        state = await self._state(rollout_id)
+    async def check_rollout(self, rollout_id: str, attempt_id: str) -> None:
+        """Raises 404 for an unknown rollout or an attempt other than the rollout's, 409 for a finished rollout, 503
+        when the ledger cannot say."""
+        state, attempt = await self._state(rollout_id)
         if state in _TERMINAL:
             raise _finished(rollout_id)
+        if attempt != attempt_id:
+            # The cached entry may predate the attempt (the rollout was seen queuing): ask the ledger once more.
+            state, attempt = await self._state(rollout_id, fresh=True)
+            if state in _TERMINAL:
+                raise _finished(rollout_id)
+            if attempt != attempt_id:
+                raise ProxyError(
+                    "rollout_not_found", f"Rollout {rollout_id} has no attempt {attempt_id} (its attempt is {attempt})."
+                )
 
-    async def _state(self, rollout_id: str) -> int:
+    async def _state(self, rollout_id: str, fresh: bool = False) -> tuple[int, str]:
         cached = self._states.get(rollout_id)
-        if cached is not None and (cached[0] in _TERMINAL or time.monotonic() - cached[1] < self._ttl):
-            return cached[0]
+        if cached is not None and not fresh and (cached[0] in _TERMINAL or time.monotonic() - cached[2] < self._ttl):
+            return cached[0], cached[1]
         pending = self._pending.get(rollout_id)
         if pending is not None:
             return await asyncio.shield(pending)
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
         self._pending[rollout_id] = future
         try:
             rollout = await _translated("GetRollout", self.client.get_rollout(rollout_id))
@@ -88,13 +99,13 @@ class LedgerGateway:
             raise
         finally:
             del self._pending[rollout_id]
-        state = rollout.status.state
-        self._remember(rollout_id, state)
-        future.set_result(state)
-        return state
+        state, attempt = rollout.status.state, rollout.status.attempt_id
+        self._remember(rollout_id, state, attempt)
+        future.set_result((state, attempt))
+        return state, attempt
 
-    def _remember(self, rollout_id: str, state: int) -> None:
-        self._states[rollout_id] = (state, time.monotonic())
+    def _remember(self, rollout_id: str, state: int, attempt_id: str) -> None:
+        self._states[rollout_id] = (state, attempt_id, time.monotonic())
         self._states.move_to_end(rollout_id)
         while len(self._states) > _CACHE_SIZE:
             self._states.popitem(last=False)
@@ -107,11 +118,13 @@ class LedgerGateway:
             response = await self._append(event)
         except ProxyError as err:
             if err.kind == "rollout_terminal":
-                self._remember(event.rollout_id, rollout_pb2.ROLLOUT_STATE_SUCCEEDED)
+                self._remember(event.rollout_id, rollout_pb2.ROLLOUT_STATE_SUCCEEDED, event.attempt_id)
                 raise _finished(event.rollout_id) from None
-            if err.kind == "rollout_not_found":  # deleted since it was cached: checked afresh next time
+            if (
+                err.kind == "rollout_not_found"
+            ):  # deleted (or a new attempt) since it was cached: checked afresh next time
                 self._states.pop(event.rollout_id, None)
-                raise _missing(event.rollout_id) from None
+                raise ProxyError("rollout_not_found", err.message) from None
             raise
         return response.sequences[0] if response.sequences else 0
 

@@ -75,6 +75,13 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _json_text(value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except (RecursionError, ValueError):
+        raise ProxyError("invalid_event", "The event's `data` is nested too deeply to be stored.") from None
+
+
 def agent_event(rollout_id: str, attempt_id: str, payload: Any) -> event_pb2.Event:
     """The event for a POST {"event_type": ..., "data": {...}} of an agent (422 when it is not acceptable)."""
     if not isinstance(payload, dict):
@@ -90,7 +97,7 @@ def agent_event(rollout_id: str, attempt_id: str, payload: Any) -> event_pb2.Eve
             raise ProxyError("invalid_event", "`event_id` must be a string.")
         event.event_id = event_id
     if event_type != "reward":
-        event.data_json = json.dumps(data)
+        event.data_json = _json_text(data)
         return event
     if not isinstance(data, dict) or not _is_number(data.get("value")):
         raise ProxyError("invalid_event", "A reward needs `data.value`, a finite number.")
@@ -101,5 +108,5 @@ def agent_event(rollout_id: str, attempt_id: str, payload: Any) -> event_pb2.Eve
             setattr(reward, name, str(data[name]))
     extra = {k: v for k, v in data.items() if k not in _REWARD_FIELDS}
     if extra:
-        reward.data_json = json.dumps(extra)
+        reward.data_json = _json_text(extra)
     return event

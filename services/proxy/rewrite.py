@@ -27,12 +27,28 @@ class RewriteSettings:
     completion_logprobs: int = 1
 
 
+# How deep a body may nest: orjson writes at most 255 levels and reads at most 1,024.
+MAX_DEPTH = 255
+
+
+def dumps(value: Any, what: str) -> bytes:
+    """orjson text of a body the proxy parsed; 400 when it nests deeper than JSON can be written back."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        raise ProxyError("invalid_request", f"{what} is nested more than {MAX_DEPTH} levels deep.") from None
+
+
 def loads_lenient(data: bytes) -> Any:
-    """JSON text parsed by the fast parser, then by json for what only json takes (NaN, Infinity)."""
+    """JSON text parsed by the fast parser, then by json for what only json takes (NaN, Infinity). Raises
+    ValueError for what neither takes, including text nested too deeply for json's recursion limit."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
-        return json.loads(data)
+        try:
+            return json.loads(data)
+        except RecursionError:
+            raise ValueError("nested too deeply (orjson reads at most 1,024 levels)") from None
 
 
 def parse_body(raw: bytes, *, lenient: bool = False) -> dict[str, Any]:

@@ -10,9 +10,12 @@ loop step (one call_soon) and then sent together, in order.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from .client_limits import ClientLimits
 
 
 class CoalescingTransport(asyncio.Transport):
@@ -90,8 +93,143 @@ class CoalescingTransport(asyncio.Transport):
         return self._transport.get_protocol()
 
 
-class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol over a CoalescingTransport (pass it as uvicorn's `http`)."""
+def _plain_answer(status: int, reason: str, error: tuple[str, str], message: str, extra: bytes = b"") -> bytes:
+    """A whole HTTP/1.1 answer with an OpenAI-shaped error body (type, code) that closes the connection."""
+    body = json.dumps({"error": {"message": message, "type": error[0], "code": error[1]}}).encode()
+    head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+    return head.encode() + extra + b"connection: close\r\n\r\n" + body
+
+
+class ConnectionGuard:
+    """The client limits of one server (see client_limits): deadlines swept by one timer, and admission."""
+
+    def __init__(self, limits: ClientLimits, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
+        self.limits = limits
+        self.loop = loop
+        self.connections = connections
+        self.refused = 0
+        self.expired = 0
+        self.displaced = 0
+        shortest = min(limits.header_timeout_s, limits.body_timeout_s)
+        self._interval = min(1.0, max(0.05, shortest / 4))
+        self._timer = loop.call_later(self._interval, self._sweep)
+        self.timeout_answer = _plain_answer(
+            408,
+            "Request Timeout",
+            ("invalid_request_error", "request_timeout"),
+            f"The request did not arrive in time: its head must arrive within {limits.header_timeout_s:g}s "
+            f"(AGL_PROXY_HEADER_TIMEOUT) and its body within {limits.body_timeout_s:g}s (AGL_PROXY_BODY_TIMEOUT).",
+        )
+        self.refusal = _plain_answer(
+            503,
+            "Service Unavailable",
+            ("service_unavailable_error", "too_many_connections"),
+            f"The proxy serves at most {limits.max_connections} connections (AGL_PROXY_MAX_CLIENT_CONNECTIONS) and "
+            "all are in use; retry later.",
+            b"retry-after: 1\r\n",
+        )
+
+    def _sweep(self) -> None:
+        now = self.loop.time()
+        try:
+            for connection in [c for c in self.connections if 0 < c.agl_deadline <= now]:
+                self.expired += 1
+                connection.agl_expire()
+        finally:
+            self._timer = self.loop.call_later(self._interval, self._sweep)
+
+    def admit(self, new: GuardedHttpToolsProtocol) -> bool:
+        """Whether `new` may be served: under the cap, or after displacing a connection waiting for a request."""
+        if len(self.connections) <= self.limits.max_connections:
+            return True
+        live = 0
+        oldest: GuardedHttpToolsProtocol | None = None
+        for connection in self.connections:
+            if connection is new or connection.transport is None or connection.transport.is_closing():
+                continue
+            live += 1
+            since = connection.agl_waiting_since
+            if since is not None and (oldest is None or since < oldest.agl_waiting_since):  # type: ignore[operator]
+                oldest = connection
+        if live < self.limits.max_connections:
+            return True
+        if oldest is not None and self.loop.time() - oldest.agl_waiting_since >= self.limits.displace_after_s:  # type: ignore[operator]
+            self.displaced += 1
+            oldest.agl_expire()
+            return True
+        self.refused += 1
+        return False
+
+    def close(self) -> None:
+        self._timer.cancel()
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol over a CoalescingTransport, with the header and body deadlines and the
+    connection cap of `limits` (pass it as uvicorn's `http`; `configure` sets the limits once per process).
+
+    Per request this costs four attribute updates in parser callbacks uvicorn calls anyway; the deadlines are
+    checked by one timer per process, not one per connection.
+    """
+
+    limits = ClientLimits()
+
+    # Deadline of the current phase on the loop's clock (0: none), and since when the connection has been waiting
+    # for a request (None while one is being read or answered).
+    agl_deadline: float = 0.0
+    agl_waiting_since: float | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, self.loop))
+        now = self.loop.time()
+        self.agl_waiting_since = now
+        self.agl_deadline = now + self.limits.header_timeout_s
+        guard: ConnectionGuard | None = getattr(self.server_state, "agl_guard", None)
+        if guard is None:
+            guard = ConnectionGuard(self.limits, self.loop, self.connections)
+            self.server_state.agl_guard = guard  # type: ignore[attr-defined]
+        if not guard.admit(self):
+            self.agl_deadline = 0.0
+            self.agl_waiting_since = None
+            self.transport.write(guard.refusal)
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self.agl_waiting_since is not None and self.agl_deadline == 0.0:  # idle keep-alive -> a new head
+            now = self.loop.time()
+            self.agl_waiting_since = now
+            self.agl_deadline = now + self.limits.header_timeout_s
+
+    def on_headers_complete(self) -> None:
+        if self.agl_waiting_since is not None:
+            self.agl_waiting_since = None
+            self.agl_deadline = self.loop.time() + self.limits.body_timeout_s
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self.agl_deadline = 0.0  # the request is in; answering it has the engine's own timeouts
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        pipelined = bool(self.pipeline)
+        super().on_response_complete()
+        if not pipelined:
+            self.agl_waiting_since = self.loop.time()  # idle: uvicorn's keep-alive timer closes it in time
+
+    def agl_expire(self) -> None:
+        """A deadline passed (or the connection is displaced): 408 unless an answer has begun, then close."""
+        waiting = self.agl_waiting_since is not None and self.agl_deadline > 0.0
+        self.agl_deadline = 0.0
+        self.agl_waiting_since = None
+        if self.transport.is_closing():
+            return
+        started = self.cycle is not None and self.cycle.response_started
+        if waiting or (self.cycle is not None and not started):
+            self.transport.write(self.server_state.agl_guard.timeout_answer)  # type: ignore[attr-defined]
+        self.transport.close()
+
+
+def configure(limits: ClientLimits) -> None:
+    """Sets the limits every GuardedHttpToolsProtocol of this process serves with (called once at startup)."""
+    GuardedHttpToolsProtocol.limits = limits

@@ -65,10 +65,10 @@ async def test_multi_event_calls_are_sliced_back_per_caller(client: LedgerClient
     await _running(client, f"{uid}-a", f"{uid}-b")
     a = [model_request(f"{uid}-a", [1, 2], [3], [-0.5]), reward(f"{uid}-a", 1.0)]
     b = [custom(f"{uid}-b", "{}"), custom(f"{uid}-b", "[1]"), reward(f"{uid}-b", 0.0)]
-    c = [custom(f"{uid}-a", '{"late": true}', attempt_id="a0")]
+    c = [custom(f"{uid}-a", '{"late": true}', attempt_id="a1")]
     ra, rb, rc = await asyncio.gather(client.append_events(a), client.append_events(b), client.append_events(c))
     assert (list(ra.sequences), list(rb.sequences), list(rc.sequences)) == ([1, 2], [1, 2, 3], [3])
-    assert (list(ra.attempt_ids), list(rc.attempt_ids)) == (["a1", "a1"], ["a0"])
+    assert (list(ra.attempt_ids), list(rc.attempt_ids)) == (["a1", "a1"], ["a1"])
     assert [e.event_type for e in await client.list_events(f"{uid}-b")] == ["note", "note", "reward"]
 
 

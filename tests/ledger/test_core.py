@@ -12,6 +12,7 @@ from services._gen.agl.v1 import event_pb2, ledger_service_pb2, proxy_control_pb
 from services.ledger import feeds, states, wire
 from services.ledger.errors import (
     Aborted,
+    AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -187,8 +188,10 @@ async def test_sqlite_group_commit_and_restore(tmp_path: Path):
     assert again.revision == core.revision and again.terminal.last_cursor == 1
     assert again.rollouts["r0"].rollout == core.rollouts["r0"].rollout
     assert again.rollouts["r1"].next_seq == 26
-    seqs, _ = await again.append_events([reward("r1", 0.0, event_id="e1")])
+    seqs, _ = await again.append_events([reward("r1", 1.0, event_id="e1")])
     assert seqs == [1]  # e1 was r1's first event: still recognised
+    with pytest.raises(AlreadyExists, match="e1"):  # and the same id with other content is refused
+        await again.append_events([reward("r1", 0.0, event_id="e1")])
     await again.close()
 
 

@@ -10,7 +10,19 @@ from services._gen.agl.v1 import ledger_service_pb2 as pb
 from services._gen.agl.v1 import ledger_service_pb2_grpc, model_pb2
 from tests.support.procs import start_ledger
 
-from .support import FAILED, QUEUING, RUNNING, SUCCEEDED, append, create, list_events, model_request, reward, update
+from .support import (
+    FAILED,
+    QUEUING,
+    RUNNING,
+    SUCCEEDED,
+    append,
+    create,
+    expect_error,
+    list_events,
+    model_request,
+    reward,
+    update,
+)
 
 
 async def test_acknowledged_events_survive_kill_9_under_load(tmp_path):
@@ -58,8 +70,14 @@ async def test_acknowledged_events_survive_kill_9_under_load(tmp_path):
                 # A retried append of an acknowledged event is still recognised after the restart.
                 if written:
                     event_id, seq = written[-1]
-                    retry = await append(stub, model_request(rid, [0], [0], event_id=event_id))
+                    n = int(event_id.rsplit("-e", 1)[1])
+                    retry = await append(stub, model_request(rid, [n, n + 1], [n + 2], [-0.5], event_id=event_id))
                     assert retry.sequences[0] == seq
+                    # ... and the same id with other content is refused, not silently dropped.
+                    details = await expect_error(
+                        grpc.StatusCode.ALREADY_EXISTS, append(stub, model_request(rid, [0], [0], event_id=event_id))
+                    )
+                    assert event_id in details
 
 
 async def test_restart_restores_everything(tmp_path):

@@ -47,8 +47,9 @@ async def test_attempt_bucketing(stub, uid):
     await create(stub, rid)
     early = await append(stub, custom(rid, "{}"))  # before any claim: the current attempt is ""
     assert list(early.attempt_ids) == [""]
+    await update(stub, rid, RUNNING, attempt_id="a0")
     await update(stub, rid, RUNNING, attempt_id="a1")
-    reply = await append(stub, reward(rid, 1.0), custom(rid, "{}", attempt_id="a0"))
+    reply = await append(stub, reward(rid, 1.0), custom(rid, "{}", attempt_id="a0"))  # a late event of a past attempt
     assert list(reply.attempt_ids) == ["a1", "a0"]
     await update(stub, rid, RUNNING, attempt_id="a2")
     await append(stub, reward(rid, 2.0))
