@@ -19,7 +19,7 @@ from .runner import Runner
 log = logging.getLogger("services.controller")
 
 
-def build_runner(config: ControllerConfig) -> Runner:
+def build_runner(config: ControllerConfig, metrics: ControllerMetrics) -> Runner:
     if config.runner == "k8s":
         from .k8s_api import KubeJobs, load_api_client
         from .k8s_runner import K8sRunner
@@ -47,6 +47,11 @@ def build_runner(config: ControllerConfig) -> Runner:
         kill_grace_s=config.kill_grace_s,
         python=config.python,
         workdir=Path(config.workdir) if config.workdir else None,
+        metrics=metrics,
+        agent_launch=config.agent_launch,
+        launcher_preload=config.launcher_preload,
+        launcher_learn=config.launcher_learn,
+        launcher_idle_s=config.launcher_idle_s,
     )
 
 
@@ -61,7 +66,7 @@ async def serve(config: ControllerConfig) -> None:
     ledger = LedgerClient(config.ledger, key=config.key)
     controller = Controller(
         ledger,
-        build_runner(config),
+        build_runner(config, metrics),
         controller_id=config.controller_id,
         max_concurrency=config.max_concurrency,
         metrics=metrics,

@@ -1,17 +1,25 @@
-"""Runs an agent class: `python -m services.controller.agent_runner module:Class`.
+"""Runs an agent class: `python -m services.controller.agent_runner [--notify-fd N --launch-id ID] module:Class`.
 
 Imports the module, instantiates the class without arguments and calls its run(); a coroutine result is
 awaited. Exit code 0 when run() returns, 1 when it raises (traceback on stderr), 2 when the class cannot be
-loaded. The agent reads the §3 variables from its environment itself.
+loaded; sys.exit(n) in the agent exits with n. The agent reads the §3 variables from its environment itself.
+Right before run() is called, one datagram "ID <monotonic time>" goes to --notify-fd (the controller's
+launch-latency clock). The warm launcher's children run the same code through run_agent_in_child().
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import importlib
 import inspect
+import os
 import sys
+import threading
+import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 LOAD_FAILED = 2
@@ -29,13 +37,15 @@ def load_class(spec: str) -> Any:
     return target
 
 
-def run_agent(spec: str) -> int:
+def run_agent(spec: str, on_running: Callable[[], None] | None = None) -> int:
     try:
         agent = load_class(spec)()
     except Exception:
         traceback.print_exc()
         sys.stderr.write(f"agent_runner: cannot load agent class {spec!r}\n")
         return LOAD_FAILED
+    if on_running is not None:
+        on_running()
     try:
         result = agent.run()
         if inspect.isawaitable(result):
@@ -46,16 +56,61 @@ def run_agent(spec: str) -> int:
     return 0
 
 
+def run_agent_in_child(spec: str, on_running: Callable[[], None]) -> int:
+    """run_agent() in a forked child, ending the way an interpreter would: exit code, threads joined, atexit run."""
+    try:
+        code = run_agent(spec, on_running)
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    with contextlib.suppress(BaseException):
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
+        atexit._run_exitfuncs()
+    return code
+
+
+def _exit_code(value: object) -> int:
+    """What the interpreter does with SystemExit's argument."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    sys.stderr.write(f"{value}\n")
+    return 1
+
+
+def notify_running(fd: int, launch_id: str) -> None:
+    """One datagram to the controller: this launch's agent code runs now. Never blocks, never raises."""
+    if fd < 0:
+        return
+    with contextlib.suppress(OSError):
+        os.write(fd, f"{launch_id} {time.monotonic():.6f}".encode())
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
 async def _wait(awaitable: Any) -> Any:
     return await awaitable
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    args = sys.argv[1:] if argv is None else list(argv)
+    notify_fd, launch_id = -1, ""
+    while len(args) > 2 and args[0] in ("--notify-fd", "--launch-id"):
+        option, value, args = args[0], args[1], args[2:]
+        if option == "--notify-fd":
+            notify_fd = int(value)
+        else:
+            launch_id = value
     if len(args) != 1:
-        sys.stderr.write("usage: python -m services.controller.agent_runner module:Class\n")
+        usage = "usage: python -m services.controller.agent_runner [--notify-fd N --launch-id ID] module:Class"
+        sys.stderr.write(usage + "\n")
         return LOAD_FAILED
-    return run_agent(args[0])
+    return run_agent(args[0], lambda: notify_running(notify_fd, launch_id))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,10 @@
 | local: --log-dir | AGL_CONTROLLER_LOG_DIR | ./agl-rollout-logs (one log file per rollout) |
 | local: --kill-grace | AGL_CONTROLLER_KILL_GRACE | 5 s between SIGTERM and SIGKILL |
 | local: --workdir | AGL_CONTROLLER_WORKDIR | the controller's working directory |
+| local: --agent-launch | AGL_CONTROLLER_AGENT_LAUNCH | warm (agent classes forked by a launcher) or fresh |
+| local: --launcher-preload | AGL_CONTROLLER_LAUNCHER_PRELOAD | none; more modules each launcher imports, "a,b" |
+| local: --launcher-learn / --no-launcher-learn | AGL_CONTROLLER_LAUNCHER_LEARN | on (1); 0 turns it off |
+| local: --launcher-idle | AGL_CONTROLLER_LAUNCHER_IDLE | 600 s without a rollout stops a launcher |
 | k8s: --kubeconfig | AGL_KUBECONFIG | in-cluster config, else ~/.kube/config |
 | k8s: --namespace | AGL_CONTROLLER_NAMESPACE | default |
 | k8s: --max-jobs-per-minute | AGL_CONTROLLER_MAX_JOBS_PER_MINUTE | 120 (0: unlimited) |
@@ -53,6 +57,10 @@ class ControllerConfig:
     log_dir: str
     kill_grace_s: float
     workdir: str
+    agent_launch: str
+    launcher_preload: tuple[str, ...]
+    launcher_learn: bool
+    launcher_idle_s: float
     kubeconfig: str
     namespace: str
     max_jobs_per_minute: float
@@ -101,6 +109,25 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument("--log-dir", default=default("AGL_CONTROLLER_LOG_DIR", "agl-rollout-logs"))
     parser.add_argument("--kill-grace", type=float, default=float(default("AGL_CONTROLLER_KILL_GRACE", "5")))
     parser.add_argument("--workdir", default=default("AGL_CONTROLLER_WORKDIR", ""))
+    parser.add_argument(
+        "--agent-launch",
+        choices=("warm", "fresh"),
+        default=default("AGL_CONTROLLER_AGENT_LAUNCH", "warm"),
+        help="agent classes: forked by a warm launcher of their module, or each in a fresh interpreter "
+        "(a rollout's label agl-launch=fresh|warm overrides it)",
+    )
+    parser.add_argument(
+        "--launcher-preload",
+        default=default("AGL_CONTROLLER_LAUNCHER_PRELOAD", ""),
+        help="modules every launcher imports besides the agent's, comma-separated",
+    )
+    parser.add_argument(
+        "--launcher-learn",
+        action=argparse.BooleanOptionalAction,
+        default=default("AGL_CONTROLLER_LAUNCHER_LEARN", "1").strip().lower() not in ("0", "false", "no", "off"),
+        help="launchers import the libraries agents imported lazily, once, for the next agents",
+    )
+    parser.add_argument("--launcher-idle", type=float, default=float(default("AGL_CONTROLLER_LAUNCHER_IDLE", "600")))
     parser.add_argument("--kubeconfig", default=default("AGL_KUBECONFIG", ""))
     parser.add_argument("--namespace", default=default("AGL_CONTROLLER_NAMESPACE", "default"))
     parser.add_argument(
@@ -122,6 +149,8 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         parser.error("--max-concurrency must be at least 1")
     if args.default_timeout <= 0:
         parser.error("--default-timeout must be positive")
+    if args.launcher_idle <= 0:
+        parser.error("--launcher-idle must be positive")
     if not args.controller_id:
         parser.error("--controller-id must not be empty")
     try:
@@ -144,6 +173,10 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         log_dir=args.log_dir,
         kill_grace_s=args.kill_grace,
         workdir=args.workdir,
+        agent_launch=args.agent_launch,
+        launcher_preload=tuple(name.strip() for name in args.launcher_preload.split(",") if name.strip()),
+        launcher_learn=args.launcher_learn,
+        launcher_idle_s=args.launcher_idle,
         kubeconfig=args.kubeconfig,
         namespace=args.namespace,
         max_jobs_per_minute=args.max_jobs_per_minute,

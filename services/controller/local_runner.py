@@ -1,4 +1,10 @@
-"""Local runner: one subprocess per rollout, in its own process group, output to a per-rollout log file."""
+"""Local runner: one process per rollout, in its own process group, output to a per-rollout log file.
+
+Agent classes are forked by a warm launcher of their module (launcher_pool) unless the controller runs with
+--agent-launch fresh or the rollout carries the label `agl-launch: fresh`; those, and commands, start as new
+processes. Either way the agent runs in its own session with the rollout's environment, its timeout kills
+its whole process group (SIGTERM, then SIGKILL after the grace period), and its exit is reported once.
+"""
 
 from __future__ import annotations
 
@@ -20,15 +26,22 @@ from pathlib import Path
 from services._gen.agl.v1 import rollout_pb2
 
 from .agent_env import agent_env, resolve_env_map
-from .launch_target import local_argv
-from .outcome import SPAWN_ERROR, VANISHED, Outcome, exit_outcome, timed_out
+from .launch_target import local_argv, split_agent_class
+from .launcher_pool import LauncherPool
+from .metrics import ControllerMetrics
+from .outcome import LAUNCHER_DIED, SPAWN_ERROR, VANISHED, ConfigError, Outcome, exit_outcome, timed_out
 from .runner import LaunchPlan, template_context, timeout_of
+from .running_notices import RunningNotices
+from .warm_launcher import LauncherDied, LauncherSettings, LauncherUnavailable, LaunchRefused, WarmLauncher
 
 log = logging.getLogger(__name__)
 
 _TAIL_BYTES = 4096
 _MAX_LAST_LINE = 300
 _HEADER = "=== agl rollout "
+# Per-rollout switch (a metadata label) between a warm launch and a fresh interpreter for an agent class.
+LAUNCH_LABEL = "agl-launch"
+WARM, FRESH, COMMAND = "warm", "fresh", "command"
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,9 @@ class LocalLaunch:
     env: dict[str, str]
     log_path: Path
     pid_path: Path
+    # COMMAND (argv as given), FRESH (argv runs agent_runner on agent_class) or WARM (a launcher forks it).
+    mode: str = COMMAND
+    agent_class: str = ""
 
 
 def file_stem(rollout_id: str) -> str:
@@ -106,7 +122,14 @@ class LocalRunner:
         kill_grace_s: float,
         python: str,
         workdir: Path | None = None,
+        metrics: ControllerMetrics | None = None,
+        agent_launch: str = WARM,
+        launcher_preload: tuple[str, ...] = (),
+        launcher_learn: bool = True,
+        launcher_idle_s: float = 600.0,
     ) -> None:
+        if agent_launch not in (WARM, FRESH):
+            raise ValueError(f"agent_launch must be {WARM!r} or {FRESH!r}, not {agent_launch!r}")
         self._agent_url = agent_url
         self._key = key
         self._log_dir = log_dir
@@ -115,12 +138,33 @@ class LocalRunner:
         self._kill_grace_s = kill_grace_s
         self._python = python
         self._workdir = workdir
+        self._metrics = metrics or ControllerMetrics()
+        self._agent_launch = agent_launch
+        self._launcher_options = (launcher_preload, launcher_learn, launcher_idle_s)
+        self._notices: RunningNotices | None = None
+        self._pool: LauncherPool | None = None
 
     async def start(self) -> None:
         self._log_dir.mkdir(parents=True, exist_ok=True)
+        self._notices = RunningNotices()
+        self._notices.start()
+        preload, learn, idle_s = self._launcher_options
+        settings = LauncherSettings(
+            python=self._python,
+            env=self._base_env,
+            cwd=self._workdir,
+            log_dir=self._log_dir / "launchers",
+            notify_fd=self._notices.send_fd,
+            preload=preload,
+            learn=learn,
+        )
+        self._pool = LauncherPool(settings, self._metrics, idle_s=idle_s)
 
     async def close(self) -> None:
-        return None
+        if self._pool is not None:
+            await self._pool.close()
+        if self._notices is not None:
+            self._notices.close()
 
     def log_path(self, rollout_id: str) -> Path:
         return self._log_dir / f"{file_stem(rollout_id)}.log"
@@ -131,11 +175,13 @@ class LocalRunner:
     def prepare(self, rollout: rollout_pb2.Rollout, attempt_id: str) -> LaunchPlan:
         local = rollout.config.local
         argv = local_argv(list(local.command), local.agent_class, self._python)
+        mode = COMMAND if local.command else self._launch_mode(rollout)
+        agent_class = ":".join(split_agent_class(local.agent_class)) if mode != COMMAND else ""
         extra = resolve_env_map(dict(local.env_map), template_context(rollout, attempt_id))
         env = {**self._base_env, **extra}
         env.update(agent_env(self._agent_url, rollout.rollout_id, attempt_id, rollout.is_train, self._key))
         log_path = self.log_path(rollout.rollout_id)
-        launch = LocalLaunch(argv=argv, env=env, log_path=log_path, pid_path=self._pid_path(rollout.rollout_id))
+        launch = LocalLaunch(argv, env, log_path, self._pid_path(rollout.rollout_id), mode, agent_class)
         return LaunchPlan(
             rollout_id=rollout.rollout_id,
             attempt_id=attempt_id,
@@ -144,11 +190,112 @@ class LocalRunner:
             detail=launch,
         )
 
+    def _launch_mode(self, rollout: rollout_pb2.Rollout) -> str:
+        mode = rollout.metadata.labels.get(LAUNCH_LABEL, self._agent_launch)
+        if mode not in (WARM, FRESH):
+            raise ConfigError(f"label {LAUNCH_LABEL} must be {WARM!r} or {FRESH!r}, not {mode!r}")
+        return mode
+
     async def admit(self) -> None:
         return None
 
     async def run(self, plan: LaunchPlan, launched: Callable[[], None]) -> Outcome:
         launch: LocalLaunch = plan.detail
+        claimed = time.monotonic()
+        if launch.mode == WARM:
+            try:
+                return await self._run_warm(plan, launch, launched, claimed)
+            except LauncherUnavailable as err:
+                log.info("rollout %s: no warm launch (%s); starting a fresh interpreter", plan.rollout_id, err)
+        return await self._run_process(plan, launch, launched, claimed)
+
+    def _expect_running(self, plan: LaunchPlan, mode: str, claimed: float) -> None:
+        """Observes claim -> agent code running once the agent's notice arrives."""
+        histogram = self._metrics.agent_start.labels(mode)
+
+        def running(when: float) -> None:
+            histogram.observe(max(when - claimed, 0.0))
+
+        if self._notices is not None:
+            self._notices.expect(plan.attempt_id, running)
+
+    async def _run_warm(
+        self, plan: LaunchPlan, launch: LocalLaunch, launched: Callable[[], None], claimed: float
+    ) -> Outcome:
+        """Forked by the module's launcher. Raises LauncherUnavailable when nothing was forked (run it fresh)."""
+        assert self._pool is not None
+        module = launch.agent_class.partition(":")[0]
+        launcher = await self._pool.acquire(module)
+        where = f"(log: {launch.log_path})"
+        header = f"{_HEADER}{plan.rollout_id} attempt {plan.attempt_id}: {launch.agent_class} "
+        header += f"(warm launch by launcher pid {launcher.pid})\n"
+        self._expect_running(plan, WARM, claimed)
+        try:
+            pid = await launcher.launch(plan.attempt_id, launch.agent_class, launch.env, launch.log_path, header)
+        except LaunchRefused as err:
+            self._forget(plan)
+            self._pool.refused(launcher, str(err))
+            raise LauncherUnavailable(f"launcher refused: {err}") from err
+        except LauncherDied as err:
+            self._forget(plan)
+            self._pool.released(launcher)
+            reason = f"agent launcher died before confirming the launch ({err}); not launched again {where}"
+            return Outcome.failure(LAUNCHER_DIED, reason)
+        self._write_pid(launch.pid_path, pid, plan.attempt_id)
+        log.info("rollout %s: attempt %s forked as pid %d", plan.rollout_id, plan.attempt_id, pid)
+        self._metrics.agent_launches.labels(WARM).inc()
+        launched()
+        try:
+            try:
+                returncode = await launcher.wait(plan.attempt_id, plan.timeout_s)
+            except LauncherDied as err:
+                reason = f"agent launcher died while the agent ran ({err}); its process group was killed {where}"
+                return Outcome.failure(LAUNCHER_DIED, reason)
+            except asyncio.CancelledError:
+                await asyncio.shield(self._kill_warm(launcher, plan.attempt_id))
+                raise
+            if returncode is None:
+                log.info("rollout %s: timed out after %gs; killing its process group", plan.rollout_id, plan.timeout_s)
+                await self._kill_warm(launcher, plan.attempt_id)
+                return timed_out(plan.timeout_s, where)
+        finally:
+            self._forget(plan)
+            with contextlib.suppress(OSError):
+                launch.pid_path.unlink()
+            self._pool.released(launcher)
+        return self._exit_outcome(plan, launch, returncode)
+
+    async def _kill_warm(self, launcher: WarmLauncher, launch_id: str) -> None:
+        """SIGTERM to the child's group, SIGKILL after the grace period; the launcher reaps and reports."""
+        try:
+            launcher.signal(launch_id, signal.SIGTERM)
+            if await launcher.wait(launch_id, self._kill_grace_s) is None:
+                launcher.signal(launch_id, signal.SIGKILL)
+                await launcher.wait(launch_id, 30.0)
+        except (LauncherDied, KeyError):
+            return
+
+    def _forget(self, plan: LaunchPlan) -> None:
+        if self._notices is not None:
+            self._notices.forget(plan.attempt_id)
+
+    def _exit_outcome(self, plan: LaunchPlan, launch: LocalLaunch, returncode: int) -> Outcome:
+        outcome = exit_outcome(returncode, f"(log: {launch.log_path})")
+        if not outcome.succeeded and (line := last_line(launch.log_path)):
+            outcome = Outcome(False, f"{outcome.reason}: {line}", outcome.kind)
+        log.info("rollout %s: agent exited with %d", plan.rollout_id, returncode)
+        return outcome
+
+    async def _run_process(
+        self, plan: LaunchPlan, launch: LocalLaunch, launched: Callable[[], None], claimed: float
+    ) -> Outcome:
+        argv, pass_fds = launch.argv, ()
+        if launch.mode != COMMAND and self._notices is not None:
+            # agent_runner tells when the agent's code runs: python -m RUNNER --notify-fd N --launch-id ID spec
+            fd = self._notices.send_fd
+            argv = [*argv[:3], "--notify-fd", str(fd), "--launch-id", plan.attempt_id, *argv[3:]]
+            pass_fds = (fd,)
+            self._expect_running(plan, FRESH, claimed)
         where = f"(log: {launch.log_path})"
         with open(launch.log_path, "ab") as log_file:
             log_file.write(f"{_HEADER}{plan.rollout_id} attempt {plan.attempt_id}: ".encode())
@@ -156,19 +303,23 @@ class LocalRunner:
             log_file.flush()
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    *launch.argv,
+                    *argv,
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
                     env=launch.env,
                     cwd=self._workdir,
+                    pass_fds=pass_fds,
                     start_new_session=True,
                 )
             except (OSError, ValueError) as err:
+                self._forget(plan)
                 log.warning("rollout %s: spawn error: %s", plan.rollout_id, err)
                 return Outcome.failure(SPAWN_ERROR, f"spawn error: cannot start {launch.argv[0]!r}: {err} {where}")
         self._write_pid(launch.pid_path, proc.pid, plan.attempt_id)
         log.info("rollout %s: attempt %s started as pid %d", plan.rollout_id, plan.attempt_id, proc.pid)
+        if launch.mode != COMMAND:
+            self._metrics.agent_launches.labels(FRESH).inc()
         launched()
         try:
             try:
@@ -183,13 +334,10 @@ class LocalRunner:
             # Leftover children of a finished agent do not outlive its rollout.
             _signal_group(proc.pid, signal.SIGKILL)
         finally:
+            self._forget(plan)
             with contextlib.suppress(OSError):
                 launch.pid_path.unlink()
-        outcome = exit_outcome(returncode, where)
-        if not outcome.succeeded and (line := last_line(launch.log_path)):
-            outcome = Outcome(False, f"{outcome.reason}: {line}", outcome.kind)
-        log.info("rollout %s: agent exited with %d", plan.rollout_id, returncode)
-        return outcome
+        return self._exit_outcome(plan, launch, returncode)
 
     async def _kill_group(self, proc: asyncio.subprocess.Process) -> None:
         """SIGTERM to the group, SIGKILL to whatever is left of it after the grace period."""

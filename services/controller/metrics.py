@@ -5,6 +5,30 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+# Claim to agent code running: milliseconds for a warm launch, around a second for a fresh interpreter.
+_START_BUCKETS = (
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.5,
+    5.0,
+    10.0,
+)
 
 
 class ControllerMetrics:
@@ -25,3 +49,23 @@ class ControllerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.agent_launches = Counter(
+            "agl_controller_agent_launches",
+            "Agent-class launches by how they started (warm: forked by a launcher; fresh: a new interpreter); "
+            "launches per second is rate() of it.",
+            ["mode"],
+            registry=self.registry,
+        )
+        self.agent_start = Histogram(
+            "agl_controller_agent_start_seconds",
+            "From the claim to the agent's code running (its run() about to be called), by launch mode.",
+            ["mode"],
+            buckets=_START_BUCKETS,
+            registry=self.registry,
+        )
+        self.launcher_restarts = Counter(
+            "agl_controller_launcher_restarts",
+            "Warm launchers started again after one died.",
+            registry=self.registry,
+        )
+        self.launchers = Gauge("agl_controller_launchers", "Warm launcher processes running.", registry=self.registry)

@@ -23,6 +23,7 @@ TIMEOUT = "timeout"
 JOB_FAILED = "job_failed"
 JOB_REJECTED = "job_rejected"
 VANISHED = "vanished"
+LAUNCHER_DIED = "launcher_died"
 SHUTDOWN = "shutdown"
 
 

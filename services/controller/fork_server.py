@@ -1,0 +1,370 @@
+"""The warm launcher: `python -m services.controller.fork_server --module M ...`, one process per agent module.
+
+It imports the agent's module (and its heavy dependencies) once, then forks one child per rollout on the
+controller's request. Guarantees kept for every child:
+
+- the launcher has exactly one thread and no event loop when it forks (checked after the imports; a launcher
+  that finds more threads says so in its `ready` message and the controller never asks it to fork);
+- the child is the leader of a new session and process group, its stdin is /dev/null, its stdout and stderr
+  go to the rollout's log file, and os.environ is replaced by the rollout's environment before any agent
+  code runs in it; a child dies (SIGKILL) when the launcher dies;
+- when a child exits, whatever is left of its process group is killed before the child is reaped, so the
+  group id cannot be reused while it is signalled; the exit code is reported once.
+
+Wire protocol: one JSON object per line over the control socket (fd --control-fd). Controller -> launcher:
+`{"op": "launch", "id", "spec", "env", "log", "header"}`, `{"op": "signal", "id", "sig"}`. Launcher ->
+controller: `{"ev": "ready", "pid", "files", "threads", "error"}`, `{"ev": "started", "id", "pid"}`,
+`{"ev": "refused", "id", "reason"}` (nothing was forked), `{"ev": "exited", "id", "code"}` (negative: the
+signal). The child tells the controller that the agent's code runs with one datagram on --notify-fd.
+End of file on the control socket: the launcher kills its children's groups and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import importlib
+import json
+import logging
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .agent_code import learned_modules, local_files
+from .agent_runner import notify_running, run_agent_in_child
+
+log = logging.getLogger("services.controller.fork_server")
+
+_PR_SET_PDEATHSIG = 1
+# A line written to a pipe in one write() of at most PIPE_BUF bytes is never interleaved with another's.
+_PIPE_BUF = 4096
+
+
+@dataclass
+class Launch:
+    launch_id: str
+    spec: str
+    env: dict[str, str]
+    log: str
+    header: str
+
+
+def _parent_death_signal() -> Callable[[], None]:
+    """A function that makes the calling process get SIGKILL when its parent dies (Linux), else a no-op."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return lambda: None
+    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def thread_count() -> int:
+    """Threads of this process as the kernel sees them (C threads included)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        import threading
+
+        return threading.active_count()
+
+
+class ForkServer:
+    """The launcher's single-threaded loop: control messages in, children forked and reaped, events out."""
+
+    def __init__(self, control: socket.socket, notify_fd: int, module: str, preload: list[str], learn: bool) -> None:
+        self._control = control
+        self._notify_fd = notify_fd
+        self._module = module
+        self._preload = preload
+        self._learn = learn
+        self._children: dict[int, str] = {}
+        self._inbox = b""
+        self._outbox: list[bytes] = []
+        self._learned: set[str] = set()
+        self._tried: set[str] = set()
+        self._refuse = ""  # set when forking became unsafe: every launch is refused with this reason
+        self._pid = os.getpid()
+        self._set_pdeathsig = _parent_death_signal()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._learn_r, self._learn_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._selector = selectors.DefaultSelector()
+
+    # -- start-up ---------------------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Imports the agent's module and the preloads; reports what it watched and whether forking is safe."""
+        error = ""
+        for name in [*self._preload, self._module]:
+            try:
+                importlib.import_module(name)
+            except BaseException as err:  # the child will try again and report it in the rollout's log
+                if name == self._module:
+                    error = f"{type(err).__name__}: {err}"
+                log.warning("cannot import %s: %s: %s", name, type(err).__name__, err)
+        self._warm_libraries()
+        threads = thread_count()
+        if threads > 1:
+            self._refuse = f"the agent's module started {threads - 1} thread(s) at import; forking is unsafe"
+            log.warning("%s", self._refuse)
+        files = local_files()
+        import gc
+
+        gc.collect()
+        gc.freeze()  # children do not copy pages the collector would otherwise touch
+        self._send({"ev": "ready", "pid": self._pid, "files": files, "threads": threads, "error": error})
+        self._flush()
+
+    @staticmethod
+    def _warm_libraries() -> None:
+        """One-time initialisation of OpenSSL's defaults, which otherwise every child pays for again."""
+        with contextlib.suppress(Exception):
+            import ssl
+
+            ssl.create_default_context()
+
+    # -- main loop ---------------------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        self._control.setblocking(False)
+        self._selector.register(self._control, selectors.EVENT_READ, "control")
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._selector.register(self._learn_r, selectors.EVENT_READ, "learn")
+        while True:
+            ready = self._selector.select(timeout=None if not self._learned else 0)
+            if not ready and self._learned:
+                self._import_learned()
+            for key, _ in ready:
+                if key.data == "control" and not self._read_control():
+                    self._stop()
+                    return
+                if key.data == "wake":
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+                if key.data == "learn":
+                    self._read_learned()
+            self._reap()
+            self._flush()
+
+    def _read_control(self) -> bool:
+        try:
+            data = self._control.recv(1 << 16)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        if not data:
+            return False
+        self._inbox += data
+        while b"\n" in self._inbox:
+            line, _, self._inbox = self._inbox.partition(b"\n")
+            self._dispatch(json.loads(line))
+        return True
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "launch":
+            launch = Launch(message["id"], message["spec"], message["env"], message["log"], message["header"])
+            self._launch(launch)
+        elif op == "signal":
+            self._signal(message["id"], int(message["sig"]))
+        else:
+            log.warning("unknown control message %r", op)
+
+    def _launch(self, launch: Launch) -> None:
+        if self._refuse:
+            self._send({"ev": "refused", "id": launch.launch_id, "reason": self._refuse})
+            return
+        self._flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as err:
+            self._send({"ev": "refused", "id": launch.launch_id, "reason": f"fork failed: {err}"})
+            return
+        if pid == 0:
+            self._child(launch)  # never returns
+        self._children[pid] = launch.launch_id
+        self._send({"ev": "started", "id": launch.launch_id, "pid": pid})
+
+    def _signal(self, launch_id: str, signum: int) -> None:
+        for pid, child_id in self._children.items():
+            if child_id == launch_id:
+                try:
+                    os.killpg(pid, signum)
+                except ProcessLookupError:  # not yet the leader of its own group
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signum)
+                return
+
+    def _reap(self) -> None:
+        while self._children:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid == 0:
+                return
+            pid = info.si_pid
+            # The unreaped leader keeps its group id from being reused: whatever it left behind dies now.
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            launch_id = self._children.pop(pid, None)
+            if launch_id is not None:
+                self._send({"ev": "exited", "id": launch_id, "code": os.waitstatus_to_exitcode(status)})
+
+    def _stop(self) -> None:
+        """The controller is gone: no rollout of ours outlives it."""
+        for pid in list(self._children):
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in list(self._children):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        self._children.clear()
+
+    # -- learned imports ---------------------------------------------------------------------------------------
+
+    def _read_learned(self) -> None:
+        try:
+            data = os.read(self._learn_r, 1 << 16)
+        except BlockingIOError:
+            return
+        for name in data.decode(errors="replace").split():
+            if name not in self._tried and name not in sys.modules:
+                self._learned.add(name)
+
+    def _import_learned(self) -> None:
+        """Imports library modules agents imported lazily, while no request waits, so later children find them."""
+        names, self._learned = sorted(self._learned), set()
+        before = set(sys.modules)
+        for name in names:
+            self._tried.add(name)
+            with contextlib.suppress(BaseException):
+                importlib.import_module(name)
+        threads = thread_count()
+        if threads > 1 and not self._refuse:
+            self._refuse = f"a module agents import lazily started {threads - 1} thread(s); forking is unsafe"
+            log.warning("%s", self._refuse)
+        import gc
+
+        gc.freeze()
+        log.info("preloaded %d module(s) agents imported lazily", len(set(sys.modules) - before))
+
+    # -- output ------------------------------------------------------------------------------------------------
+
+    def _send(self, message: dict[str, Any]) -> None:
+        self._outbox.append(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+
+    def _flush(self) -> None:
+        if not self._outbox:
+            return
+        data = b"".join(self._outbox)
+        self._outbox.clear()
+        self._control.setblocking(True)
+        try:
+            self._control.sendall(data)
+        except OSError as err:
+            if err.errno not in (errno.EPIPE, errno.ECONNRESET):
+                raise
+        finally:
+            self._control.setblocking(False)
+
+    # -- the child ---------------------------------------------------------------------------------------------
+
+    def _child(self, launch: Launch) -> None:
+        """Runs in the forked child: isolate, redirect, replace the environment, run the agent, exit."""
+        code = 127
+        try:
+            os.setsid()
+            self._set_pdeathsig()
+            if os.getppid() != self._pid:  # the launcher died before the death signal was armed
+                os._exit(code)
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            self._selector.close()
+            self._control.close()
+            for fd in (self._wake_r, self._wake_w, self._learn_r):
+                os.close(fd)
+            out = os.open(launch.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.write(out, launch.header.encode(errors="replace"))
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.close(null)
+            os.close(out)
+            os.environ.clear()
+            os.environ.update(launch.env)
+            logging.root.handlers.clear()
+            logging.root.setLevel(logging.WARNING)
+            before = set(sys.modules)
+            code = run_agent_in_child(launch.spec, lambda: notify_running(self._notify_fd, launch.launch_id))
+            if self._learn:
+                self._report_learned(learned_modules(before))
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                import traceback
+
+                traceback.print_exc()
+        finally:
+            with contextlib.suppress(BaseException):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+
+    def _report_learned(self, names: list[str]) -> None:
+        line = ""
+        for name in names:
+            if len(line) + len(name) + 2 > _PIPE_BUF:
+                self._write_learned(line)
+                line = ""
+            line += name + " "
+        if line:
+            self._write_learned(line)
+
+    def _write_learned(self, line: str) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._learn_w, (line.rstrip() + "\n").encode())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="agl-launcher", description=__doc__.splitlines()[0])
+    parser.add_argument("--control-fd", type=int, required=True)
+    parser.add_argument("--notify-fd", type=int, required=True)
+    parser.add_argument("--module", required=True, help="the agent's module, imported once")
+    parser.add_argument("--preload", default="", help="more modules to import once, comma-separated")
+    parser.add_argument("--no-learn", action="store_true", help="do not preload modules agents import lazily")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s launcher: %(message)s")
+    os.set_inheritable(args.notify_fd, False)  # forked children inherit it; programs they exec do not
+    control = socket.socket(fileno=args.control_fd)
+    control.set_inheritable(False)
+    preload = [name.strip() for name in args.preload.split(",") if name.strip()]
+    server = ForkServer(control, args.notify_fd, args.module, preload, learn=not args.no_learn)
+    started = time.process_time()
+    server.prepare()
+    log.info("imported %s in %.2f s of CPU; serving (pid %d)", args.module, time.process_time() - started, os.getpid())
+    server.serve()
+    log.info("controller gone; launcher exits")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
