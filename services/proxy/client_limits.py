@@ -34,8 +34,9 @@ class ClientLimits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     keep_alive_s: float = 75.0
-    # A connection waiting this long without a request may be displaced by a new one when the cap is reached.
-    displace_after_s: float = 0.5
+    # A connection waiting this long without a request may be displaced by a new one when the cap is reached (a
+    # real client's head arrives well within it; a slow one's never does).
+    displace_after_s: float = 0.05
 
 
 def connection_budget(wanted: int) -> int:

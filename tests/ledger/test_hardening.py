@@ -1,0 +1,174 @@
+"""The adversarial probe of issue 17, re-run against a real ledger: each attack must now be refused cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services._gen.agl.v1 import ledger_service_pb2 as pb
+from services._gen.agl.v1 import ledger_service_pb2_grpc, rollout_pb2
+from tests.support.procs import start_ledger
+
+from .support import RUNNING, SUCCEEDED, append, create, custom, expect_error, list_events, reward, spec, update
+
+
+@pytest.mark.parametrize(
+    "bad_id", ["c1:x", "a/b", "a?b", "a#b", "a%2Fb", "a b", "a\nb", "a\r\nInjected: 1", "nul\x00", "..", ".", "-x"]
+)
+async def test_rollout_ids_outside_the_safe_set_are_refused_naming_the_id(stub, bad_id: str) -> None:
+    details = await expect_error(grpc.StatusCode.INVALID_ARGUMENT, create(stub, bad_id))
+    assert repr(bad_id) in details and "rollout_id" in details
+
+
+async def test_agent_lightning_and_trainer_id_shapes_are_accepted(stub, uid: str) -> None:
+    ids = [f"{uid}0123456789abcdef0123456789", f"run-{uid}-s1-g0-r3", f"demo_{uid}-g0-1", f"{uid}.v2"]
+    created = await create(stub, *ids)
+    assert [r.rollout_id for r in created] == ids
+    await update(stub, ids[0], RUNNING, attempt_id="0f" * 16)  # the controller's uuid-hex attempt ids
+
+
+@pytest.mark.parametrize("bad_attempt", ["x:A", "a/b", "a\r\nInjected: 1", ".."])
+async def test_attempt_ids_outside_the_safe_set_are_refused(stub, uid: str, bad_attempt: str) -> None:
+    rid = f"{uid}-r"
+    await create(stub, rid)
+    details = await expect_error(grpc.StatusCode.INVALID_ARGUMENT, update(stub, rid, RUNNING, attempt_id=bad_attempt))
+    assert repr(bad_attempt) in details
+
+
+async def test_events_on_an_attempt_the_rollout_never_had_are_refused(stub, uid: str) -> None:
+    rid = f"{uid}-r"
+    await create(stub, rid)
+    await update(stub, rid, RUNNING, attempt_id="a1")
+    details = await expect_error(grpc.StatusCode.NOT_FOUND, append(stub, reward(rid, 1.0, attempt_id="bogus-att")))
+    assert "bogus-att" in details and rid in details
+    assert await list_events(stub, rid, attempt_id="*") == []  # nothing stored
+    reply = await append(stub, reward(rid, 1.0, attempt_id="a1"), reward(rid, 2.0))
+    assert list(reply.attempt_ids) == ["a1", "a1"]
+
+
+async def test_deeply_nested_input_json_is_invalid_argument_not_unknown(stub, uid: str) -> None:
+    for depth in (2_000, 100_000):
+        deep = "[" * depth + "]" * depth
+        request = pb.CreateRolloutsRequest(rollouts=[spec(f"{uid}-{depth}", input_json=deep)])
+        details = await expect_error(grpc.StatusCode.INVALID_ARGUMENT, stub.CreateRollouts(request))
+        assert "input_json" in details and "nested" in details
+    event = custom(f"{uid}-none", "[" * 5000 + "]" * 5000)
+    await create(stub, f"{uid}-none")
+    event.rollout_id = f"{uid}-none"
+    await expect_error(grpc.StatusCode.INVALID_ARGUMENT, append(stub, event))
+
+
+async def test_an_event_id_repeated_with_other_content_is_already_exists(stub, uid: str) -> None:
+    rid = f"{uid}-r"
+    await create(stub, rid)
+    first = await append(stub, reward(rid, 1.0, event_id="e1"))
+    again = await append(stub, reward(rid, 1.0, event_id="e1"))  # a retry: same content, same sequence
+    assert list(again.sequences) == list(first.sequences) == [1]
+    details = await expect_error(grpc.StatusCode.ALREADY_EXISTS, append(stub, reward(rid, 9.0, event_id="e1")))
+    assert "e1" in details and rid in details
+    assert [e.reward.value for e in await list_events(stub, rid)] == [1.0]
+
+
+async def test_status_log_lines_cannot_be_forged(tmp_path) -> None:
+    with start_ledger(log_dir=tmp_path) as led:
+        async with grpc.aio.insecure_channel(led.address) as channel:
+            stub = ledger_service_pb2_grpc.LedgerServiceStub(channel)
+            await create(stub, "r1")
+            await update(stub, "r1", RUNNING, attempt_id="a1")
+            await update(stub, "r1", SUCCEEDED, error_message="done\r\nInjected: 1\x00")
+    text = led.log_text()
+    assert "done\\x0d\\x0aInjected: 1\\x00" in text
+    assert "\nInjected" not in text and "\x00" not in text
+
+
+async def test_pages_are_cut_by_bytes_so_large_events_can_be_listed(tmp_path) -> None:
+    big = "x" * (3 * 1024 * 1024)  # two of these exceed the 4 MiB message limit together
+    with start_ledger(log_dir=tmp_path, extra_args=["--max-message-mb", "4"]) as led:
+        options = [("grpc.max_receive_message_length", 8 * 1024 * 1024)]
+        async with grpc.aio.insecure_channel(led.address, options=options) as channel:
+            stub = ledger_service_pb2_grpc.LedgerServiceStub(channel)
+            for i in range(2):
+                await stub.CreateRollouts(pb.CreateRolloutsRequest(rollouts=[spec(f"r{i}", input_json=f'"{big}"')]))
+            for i in range(2):
+                await append(stub, custom("r0", f'"{big}{i}"'))
+            first = await stub.ListEvents(pb.ListEventsRequest(rollout_id="r0"))
+            assert [e.sequence for e in first.events] == [1] and first.next_page_token
+            second = await stub.ListEvents(pb.ListEventsRequest(rollout_id="r0", page_token=first.next_page_token))
+            assert [e.sequence for e in second.events] == [2] and not second.next_page_token
+            page = await stub.ListRollouts(pb.ListRolloutsRequest())
+            assert len(page.rollouts) == 1 and page.next_page_token
+            rest = await stub.ListRollouts(pb.ListRolloutsRequest(page_token=page.next_page_token))
+            assert [r.rollout_id for r in rest.rollouts] == ["r1"]
+            for rid in ("r0", "r1"):
+                await update(stub, rid, rollout_pb2.ROLLOUT_STATE_FAILED)
+            terminal = await stub.ListTerminalRollouts(pb.ListTerminalRolloutsRequest())
+            assert len(terminal.entries) == 1
+            more = await stub.ListTerminalRollouts(pb.ListTerminalRolloutsRequest(after_cursor=terminal.next_cursor))
+            assert [e.rollout.rollout_id for e in more.entries] == ["r1"]
+
+
+def _silent_connections(address: str, count: int) -> list[socket.socket]:
+    host, port = address.rsplit(":", 1)
+    sockets = []
+    for _ in range(count):
+        s = socket.create_connection((host, int(port)), timeout=5)
+        sockets.append(s)
+    return sockets
+
+
+def _closed_within(s: socket.socket, seconds: float) -> bool:
+    """Whether the server closes the connection within `seconds` (reading and dropping what it sends)."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        s.settimeout(left)
+        try:
+            if not s.recv(65536):
+                return True
+        except TimeoutError:
+            return False
+        except OSError:
+            return True
+    return False
+
+
+async def test_silent_connections_are_closed_and_capped(tmp_path) -> None:
+    """Connections that never speak HTTP/2 are closed after the handshake deadline; above the cap they are refused
+    at once; a real client is served again once they are gone."""
+    args = ["--handshake-timeout", "1", "--max-connections", "20"]
+    with start_ledger(log_dir=tmp_path, extra_args=args) as led:
+        sockets = await asyncio.to_thread(_silent_connections, led.address, 60)
+        try:
+            started = time.monotonic()
+            closed = await asyncio.gather(*(asyncio.to_thread(_closed_within, s, 4.0) for s in sockets))
+            assert all(closed), f"{closed.count(False)} of {len(sockets)} silent connections still open"
+            assert time.monotonic() - started < 10
+        finally:
+            for s in sockets:
+                s.close()
+        async with grpc.aio.insecure_channel(led.address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_clients_pinging_too_often_are_told_to_go_away(tmp_path) -> None:
+    """Keepalive is enforced: a client pinging every 100 ms without calls is disconnected (GOAWAY too_many_pings),
+    while the default client (30 s pings) is served."""
+    with start_ledger(log_dir=tmp_path, extra_args=["--min-ping-interval", "5"]) as led:
+        options = [
+            ("grpc.keepalive_time_ms", 100),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
+        async with grpc.aio.insecure_channel(led.address, options=options) as channel:
+            stub = ledger_service_pb2_grpc.LedgerServiceStub(channel)
+            watch = stub.WatchRollouts(pb.WatchRolloutsRequest())  # a long call, so the pings have a stream
+            assert (await watch.read()).type == pb.ROLLOUT_CHANGE_TYPE_SYNCED
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await asyncio.wait_for(watch.read(), 20)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
