@@ -8,7 +8,11 @@ Layout (B rows, P = prompt length, R = response length, both fixed by the config
 * `response_mask` (B, R): 1 on tokens the model generated, 0 on context and padding.
 * `token_level_scores` / `token_level_rewards` (B, R): the rollout's reward at the row's last response token.
 * `advantages` / `returns` (B, R): the rollout's scalar advantage times response_mask.
-* `rollout_log_probs` (B, R): engine log-probs (0 on context), only when every row has aligned log-probs.
+* `rollout_log_probs` (B, R): engine log-probs (0 on context), when at least one row has aligned log-probs.
+  Rows without them (an engine that returned none, a call whose log-probs did not align) are 0 there and
+  flagged in `agl_rollout_log_probs_missing` (B,) bool: `correction.apply_rollout_correction` copies the
+  recomputed old log-probs into those rows (ratio 1: treated as on-policy) and drops the flag before the
+  update, so one such row no longer costs the whole batch its importance weights.
 * non-tensor: `uid` and `data_id` (the group / sample), `rollout_id`, `turn_index`, `num_turns`.
 """
 
@@ -22,6 +26,9 @@ import torch
 from verl import DataProto
 
 from .aggregation import Row
+
+# Per-row flag (B,) bool: this row's `rollout_log_probs` are a placeholder (the engine gave none).
+MISSING_ROLLOUT_LOG_PROBS_KEY = "agl_rollout_log_probs_missing"
 
 
 def _scatter(rows_values: list[list[Any]], lengths: np.ndarray, width: int, left: bool, out: np.ndarray) -> None:
@@ -69,9 +76,13 @@ def rows_to_dataproto(
     scores[np.arange(b), response_lengths - 1] = rewards
     row_advantage = np.fromiter((advantages[row.rollout_id] for row in rows), dtype=np.float32, count=b)[:, None]
     logprobs = None
-    if all(row.logprobs is not None for row in rows):
+    missing = np.fromiter((row.logprobs is None for row in rows), dtype=bool, count=b)
+    if not missing.all():
+        present = np.flatnonzero(~missing)
+        known = np.zeros((len(present), r), dtype=np.float32)
+        _scatter([rows[i].logprobs for i in present], response_lengths[present], r, False, known)  # type: ignore[misc]
         logprobs = np.zeros((b, r), dtype=np.float32)
-        _scatter([row.logprobs for row in rows], response_lengths, r, False, logprobs)  # type: ignore[misc]
+        logprobs[present] = known
 
     attention = torch.from_numpy(np.concatenate([prompt_attention, response_attention], axis=1))
     # cumsum(attention) - 1 clipped at 0, in closed form: left padding then one contiguous run of tokens.
@@ -93,6 +104,8 @@ def rows_to_dataproto(
     }
     if logprobs is not None:
         tensors["rollout_log_probs"] = torch.from_numpy(logprobs)
+        if missing.any():
+            tensors[MISSING_ROLLOUT_LOG_PROBS_KEY] = torch.from_numpy(missing)
     groups = np.array([row.group_id for row in rows], dtype=object)
     non_tensors = {
         "uid": groups,

@@ -10,6 +10,7 @@ import torch
 from services._gen.agl.v1 import event_pb2
 from services.trainer.adapter import DataPathSettings, build_training_batch
 from services.trainer.aggregation import rows_from_trace
+from services.trainer.batch import MISSING_ROLLOUT_LOG_PROBS_KEY
 from services.trainer.triplets import trace_from_events
 
 from .events import call, reward
@@ -166,16 +167,24 @@ def test_long_prompt_dropped_and_long_response_truncated_with_masks_and_logprobs
     assert out.metrics["agl/data/truncated_response_rows"] == 1.0
 
 
-def test_rollout_log_probs_omitted_when_any_row_lacks_them() -> None:
+def test_rollout_log_probs_kept_when_some_rows_lack_them_and_those_rows_flagged() -> None:
     counts: Counter[str] = Counter()
     traces = [
         trace("r1", "g1", [call([1], [2], [-0.5]), reward(1.0)], counts),
         trace("r2", "g1", [call([1], [3]), reward(0.0)], counts),
     ]
     out = build_training_batch(traces, settings())
+    by_rollout = dict(zip(out.data.non_tensor_batch["rollout_id"].tolist(), range(2), strict=True))
+    lp = out.data.batch["rollout_log_probs"]
+    assert lp[by_rollout["r1"]].tolist() == [-0.5, 0, 0, 0, 0, 0] and lp[by_rollout["r2"]].tolist() == [0.0] * 6
+    missing = out.data.batch[MISSING_ROLLOUT_LOG_PROBS_KEY]
+    assert missing[by_rollout["r2"]].item() and not missing[by_rollout["r1"]].item()
+    assert out.metrics["agl/data/has_rollout_log_probs"] == 1.0
+    assert counts["logprobs_missing_calls"] == 1
+    # No row with log-probs: no rollout_log_probs at all.
+    out = build_training_batch(traces[1:], settings())
     assert "rollout_log_probs" not in out.data.batch
     assert out.metrics["agl/data/has_rollout_log_probs"] == 0.0
-    assert counts["logprobs_missing_calls"] == 1
     # A merged row whose later call lacks log-probs loses them as a whole.
     merged = trace("r3", "g2", [call([1], [2], [-0.5]), call([1, 2], [3]), reward(1.0)], counts)
     rows = rows_from_trace(merged, "trajectory", max_prompt_length=4, max_response_length=6, counts=counts)
