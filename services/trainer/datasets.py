@@ -7,12 +7,19 @@ A record's `id` field (if any) is its data id; otherwise "<file name>:<line or r
 from __future__ import annotations
 
 import json
+import logging
+import os
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from .specs import Sample
+
+log = logging.getLogger(__name__)
+
+# Where verl's checkpointing (RayPPOTrainer._save_checkpoint) keeps the train dataloader's state_dict.
+DATALOADER_STATE_FILE = "data.pt"
 
 
 def _records(path: Path) -> list[Any]:
@@ -78,6 +85,36 @@ class TaskLoader:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.drawn = int(state.get("drawn", 0))
+
+    def checkpoint_state_path(self, trainer_config: Any, global_steps: int) -> Path | None:
+        """The data.pt verl's `_load_checkpoint` resumed from at `global_steps` (None: a fresh start)."""
+        if global_steps <= 0 or trainer_config.get("resume_mode", "auto") == "disable":
+            return None
+        if trainer_config.get("resume_mode") == "resume_path" and trainer_config.get("resume_from_path"):
+            folder = Path(str(trainer_config.resume_from_path))
+        else:
+            folder = Path(str(trainer_config.default_local_dir)) / f"global_step_{global_steps}"
+        if not folder.is_absolute():
+            folder = Path(os.getcwd()) / folder  # as verl resolves it
+        return folder / DATALOADER_STATE_FILE
+
+    def resume(self, trainer_config: Any, global_steps: int) -> bool:
+        """Restores the draw position saved with the checkpoint verl resumed from, epoch boundary included.
+
+        verl 0.9.1 skips `load_state_dict` when the resumed step ends an epoch (its own loader would be
+        exhausted); this loader's position is absolute (epoch order = seed + epoch), so skipping it would
+        replay epoch 0. Call after `_load_checkpoint()` with `config.trainer` and the restored global step.
+        Returns whether a saved position was loaded.
+        """
+        path = self.checkpoint_state_path(trainer_config, global_steps)
+        if path is None or not path.exists():
+            return False
+        import torch
+
+        state = torch.load(path, weights_only=True)
+        self.load_state_dict(state)
+        log.info("resumed the task order at sample %d (step %d, %s)", self.drawn, global_steps, path)
+        return True
 
     def stream(self) -> Iterator[Sample]:
         """Samples from the current position on; every sample taken advances the saved position."""

@@ -155,6 +155,22 @@ class RolloutManager:
         )
         log.info("registered %d endpoints of %s at version %d", len(endpoints), model_name, version)
 
+    async def replace_endpoints(self, model_name: str, endpoints: Sequence[str], version: int) -> int:
+        """Makes `endpoints` the model's whole endpoint set: upserts them, then deletes every other endpoint
+        registered under `model_name` (an earlier launch's engines, whose ports are gone). Returns how many
+        were deleted. Upsert first, so the proxies never see the model without an endpoint. Only for a model
+        name this trainer alone serves (verl's own replicas); engines registered by others would go too."""
+        await self.register_endpoints(model_name, endpoints, version)
+        keep = set(endpoints)
+        stale = [e.endpoint for e in await self.client.list_models(model_name) if e.endpoint not in keep]
+        if not stale:
+            return 0
+        deleted = await self.client.delete_models(
+            [model_pb2.ModelEndpointKey(model_name=model_name, endpoint=e) for e in stale]
+        )
+        log.info("removed %d endpoints of %s left by an earlier launch: %s", deleted, model_name, ", ".join(stale))
+        return deleted
+
     async def _create(self, specs: list[rollout_pb2.RolloutSpec]) -> list[rollout_pb2.Rollout]:
         """Creates with retries; ids are pre-assigned, so a retry after a lost answer creates nothing twice."""
         specs = [await user_hooks.on_enqueue(self.hooks, spec) for spec in specs]
