@@ -286,8 +286,8 @@ def create_app(config: ProxyConfig) -> Starlette:
     async def internal_error(request: Request, exc: Exception) -> Response:
         if isinstance(exc, ClientDisconnect):  # the agent left (or its body deadline passed): nobody to answer
             return Response(status_code=400)
-        # A bug, not the agent's fault: logged with its traceback here, answered OpenAI-shaped (never a traceback).
-        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        # A bug, not the agent's fault: answered OpenAI-shaped, never with a traceback (Starlette re-raises it after
+        # this answer, and uvicorn logs it with its traceback).
         err = ProxyError("internal", "The proxy failed to handle this request; see its log.")
         return JSONResponse(err.body(), status_code=err.status)
 

@@ -1,7 +1,7 @@
 """CoalescingTransport: the writes of one event-loop step leave as one write, in order; close sends what is pending.
 
 The wrapped transport here records what reaches it (it stands for the socket transport of the event loop); every
-proxy test also runs through CoalescingHttpToolsProtocol, since the proxy process serves with it.
+proxy test also runs through GuardedHttpToolsProtocol, since the proxy process serves with it.
 """
 
 from __future__ import annotations
