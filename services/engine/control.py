@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -72,7 +73,11 @@ class EngineControl:
     def __init__(self, url: str, *, api_key: str | None = None, timeout_s: float = 60.0) -> None:
         self.url = engine_root(url)
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout_s)
+        # No keep-alive: vLLM's server closes the connection after a route raises (a refused reload), and a
+        # pooled connection closed under us would turn the next call into a transport error. Admin calls are
+        # a few per training step; a fresh loopback connection each costs well under a millisecond.
+        limits = httpx.Limits(max_keepalive_connections=0)
+        self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout_s, limits=limits)
         self._reload_method = AGL_RELOAD
 
     async def close(self) -> None:
@@ -131,12 +136,13 @@ class EngineControl:
             return []
         return list(response.json().get("results") or [])
 
-    async def reload_weights(self, weights_dir: str) -> Reload:
+    async def reload_weights(self, weights_dir: str | os.PathLike[str]) -> Reload:
         """Loads the safetensors in weights_dir (a path on the engine's host) into the running model in place.
 
         On an engine with AGL's worker extension the reload is checked first and rolled back if it fails, so a
         refusal leaves the old weights serving; an engine without it gets vLLM's own reload_weights.
         """
+        weights_dir = os.fspath(weights_dir)
         started = time.perf_counter()
         try:
             await self.collective_rpc(self._reload_method, {"weights_dir": weights_dir})

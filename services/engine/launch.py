@@ -32,7 +32,7 @@ class Launch:
     env: Mapping[str, str]
 
 
-def engine_python(config: EngineConfig) -> str:
+def engine_python(config: EngineConfig, engine_venv: Path = ENGINE_VENV) -> str:
     """The interpreter that has vLLM: the configured one, this one if it has vLLM, else the checkout's venv."""
     if config.python:
         if not Path(config.python).is_file():
@@ -40,10 +40,10 @@ def engine_python(config: EngineConfig) -> str:
         return config.python
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
-    candidate = ENGINE_VENV / "bin" / "python"
+    candidate = engine_venv / "bin" / "python"
     if not candidate.is_file():
         raise LaunchError(
-            f"no engine venv at {ENGINE_VENV} and no vLLM in {sys.executable}: run `make engine-venv` "
+            f"no engine venv at {engine_venv} and no vLLM in {sys.executable}: run `make engine-venv` "
             "(vLLM's CPU build needs its own venv)"
         )
     return str(candidate)

@@ -22,7 +22,9 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from services.engine.control import EngineControl
@@ -153,3 +155,53 @@ def cpu_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     model_dir = build_model(root / "model")
     with run_engine(model_dir, log_dir=root) as engine:
         yield engine
+
+
+def chat(engine: Engine, content: str, **body: Any) -> dict[str, Any]:
+    """One chat completion straight to the engine, with token ids and log-probs returned."""
+    request = {
+        "model": engine.model_name,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 16,
+        "logprobs": True,
+        "return_token_ids": True,
+        **body,
+    }
+    response = httpx.post(f"{engine.openai_url}/chat/completions", json=request, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def write_perturbed_weights(model_dir: Path, out_dir: Path, *, scale: float = 0.05, seed: int = 1) -> Path:
+    """A copy of model_dir's weights (model.safetensors only, as a trainer writes them) plus seeded noise."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(Path(model_dir) / "model.safetensors"))
+    generator = torch.Generator().manual_seed(seed)
+    noisy = {name: (t + scale * torch.randn(t.shape, generator=generator)).contiguous() for name, t in weights.items()}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(noisy, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def reference_logprobs(
+    model_dir: Path, weights_dir: Path, prompt_ids: Sequence[int], response_ids: Sequence[int]
+) -> list[float]:
+    """Hugging Face transformers' fp32 log-probs of response_ids after prompt_ids, with weights_dir's weights."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(load_file(str(Path(weights_dir) / "model.safetensors")), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    model.eval()
+    ids = torch.tensor([[*prompt_ids, *response_ids]])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    positions = torch.arange(len(prompt_ids) - 1, len(prompt_ids) + len(response_ids) - 1)
+    logprobs = torch.log_softmax(logits[positions], dim=-1)
+    return logprobs.gather(1, torch.tensor(list(response_ids))[:, None])[:, 0].tolist()
