@@ -45,7 +45,7 @@ engine-venv: $(ENGINE_VENV)/.installed-engine
 demo: $(VENV)/.installed-run
 	$(PY) tools/demo.py
 
-test: $(VENV)/.installed-dev
+test: $(VENV)/.installed-dev $(ENGINE_VENV)/.installed-engine
 	$(PY) -m pytest tests
 
 # Static checks CI runs before the tests: generated code fresh, buf lint, ruff.
