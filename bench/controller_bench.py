@@ -1,37 +1,75 @@
-"""Controller benchmark (local runner): enqueue -> running latency and rollouts completed per second.
+"""Controller benchmark (local runner): warm launcher vs fresh interpreter for the unmodified math agent.
 
-Starts the real ledger (in memory) and a real controller (--runner local --max-concurrency 32) and runs a
-trivial agent that exits at once. Two phases:
-  pick-up:    rollouts created one at a time (at a steady rate well under capacity); latency is the ledger's
-              own create_time -> start_time (claimed, running) of each rollout, so no clock skew is involved.
-  throughput: a burst of rollouts created at once; completed/s from the first create to the last end.
+Starts the real ledger (in memory), the stand-in engine, the real proxy and a real controller
+(--max-concurrency 32) and runs examples/math_agent/agent.py:MathAgent, unchanged, end to end: queued ->
+model call through the proxy -> reward posted -> succeeded. For each launch mode (the rollout label
+agl-launch=warm|fresh, in the same controller and the same run):
 
-    .venv/bin/python bench/controller_bench.py [--agent true|python] [--pickup N] [--burst N]
+  paced:  rollouts created one at a time, well under capacity: claim -> agent code running, from the
+          controller's agl_controller_agent_start_seconds histogram (p50/p90 interpolated in its buckets).
+  burst:  N rollouts enqueued at once: rollouts/s from the first create to the last end (ledger clock),
+          each counted only if it succeeded with a reward event; claim -> running under that load; CPU per
+          rollout of each process (from /proc: controller, launcher, agents, ledger, proxy, engine).
+Last, a burst of a trivial agent class (prints one line) through the warm launcher: the launcher's capacity
+when the agent itself costs next to nothing.
+
+    .venv/bin/python bench/controller_bench.py [--warm N] [--fresh N] [--paced N]
+    .venv/bin/python bench/controller_bench.py --agent true      # the old trivial-command pick-up bench
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import re
 import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from services._gen.agl.v1 import rollout_pb2  # noqa: E402
+from services._gen.agl.v1 import model_pb2, rollout_pb2  # noqa: E402
 from services.client import LedgerClient  # noqa: E402
 from tests.support.procs import free_port, start_ledger, start_service, wait_http_ready  # noqa: E402
 
 TERMINAL = (rollout_pb2.ROLLOUT_STATE_SUCCEEDED, rollout_pb2.ROLLOUT_STATE_FAILED)
+SUCCEEDED = rollout_pb2.ROLLOUT_STATE_SUCCEEDED
 KEY = "bench-key"
+MODEL = "bench-policy"
+MATH_AGENT = "examples.math_agent.agent:MathAgent"
+TRIVIAL_AGENT = "tests.controller.agents.simple:SyncAgent"
+TASK_ENV = {"AGL_TASK_QUESTION": "input.question", "AGL_TASK_ANSWER": "input.answer"}
+TICK = os.sysconf("SC_CLK_TCK")
 
 
-def make_spec(command: list[str], label: str) -> rollout_pb2.RolloutSpec:
+# -- rollouts ----------------------------------------------------------------------------------------------------
+
+
+def math_spec(mode: str, phase: str, i: int, agent_class: str = MATH_AGENT) -> rollout_pb2.RolloutSpec:
+    config = rollout_pb2.RolloutConfig(timeout_seconds=120)
+    config.local.agent_class = agent_class
+    if agent_class == MATH_AGENT:
+        config.local.env_map.update(TASK_ENV)
+    a, b = i % 17, (i * 7) % 23
+    return rollout_pb2.RolloutSpec(
+        rollout_id=f"bench-{phase}-{uuid.uuid4().hex[:12]}",
+        input_json=json.dumps({"question": f"What is {a} + {b}?", "answer": str(a + b)}),
+        is_train=True,
+        config=config,
+        metadata=rollout_pb2.RolloutMetadata(labels={"phase": phase, "agl-launch": mode}),
+    )
+
+
+def command_spec(command: list[str], label: str) -> rollout_pb2.RolloutSpec:
     config = rollout_pb2.RolloutConfig(timeout_seconds=60)
     config.local.command.extend(command)
     return rollout_pb2.RolloutSpec(
@@ -51,7 +89,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def wait_done(client: LedgerClient, label: str, count: int, timeout_s: float = 120) -> list[rollout_pb2.Rollout]:
+async def wait_done(client: LedgerClient, label: str, count: int, timeout_s: float = 600) -> list[rollout_pb2.Rollout]:
     deadline = time.monotonic() + timeout_s
     while True:
         done = await client.list_rollouts(states=TERMINAL, labels={"phase": label})
@@ -62,55 +100,246 @@ async def wait_done(client: LedgerClient, label: str, count: int, timeout_s: flo
         await asyncio.sleep(0.1)
 
 
-async def bench(address: str, command: list[str], pickup: int, rate: float, burst: int) -> None:
-    async with LedgerClient(address, KEY) as client:
-        # Warm-up: the first launches pay for imports and connection set-up.
-        await client.create_rollouts([make_spec(command, "warmup") for _ in range(10)])
-        await wait_done(client, "warmup", 10)
+async def rewarded(client: LedgerClient, rollouts: list[rollout_pb2.Rollout]) -> int:
+    """How many succeeded with a reward event in their attempt."""
+    count = 0
+    for rollout in rollouts:
+        if rollout.status.state != SUCCEEDED:
+            continue
+        events = await client.list_events(rollout.rollout_id, attempt_id=rollout.status.attempt_id)
+        count += any(e.WhichOneof("payload") == "reward" for e in events)
+    return count
 
+
+# -- measurements from the processes ------------------------------------------------------------------------------
+
+
+def cpu(pid: int) -> tuple[float, float]:
+    """(own CPU seconds, CPU seconds of its reaped children) of a process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0, 0.0
+    fields = stat[stat.rfind(")") + 2 :].split()
+    own = (int(fields[11]) + int(fields[12])) / TICK
+    children = (int(fields[13]) + int(fields[14])) / TICK
+    return own, children
+
+
+def launcher_pids(controller_pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{controller_pid}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                if b"fork_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append(int(pid))
+            except OSError:
+                continue
+    return found
+
+
+@dataclass
+class Pids:
+    controller: int
+    ledger: int
+    proxy: int
+    engine: int
+
+
+def snapshot(pids: Pids) -> dict[str, float]:
+    ctl_own, ctl_children = cpu(pids.controller)
+    launchers = [cpu(pid) for pid in launcher_pids(pids.controller)]
+    return {
+        "controller": ctl_own,
+        "launcher": sum(own for own, _ in launchers),
+        # Fresh interpreters are the controller's reaped children, warm ones the launcher's.
+        "agents": ctl_children + sum(children for _, children in launchers),
+        "ledger": cpu(pids.ledger)[0],
+        "proxy": cpu(pids.proxy)[0],
+        "engine": cpu(pids.engine)[0],
+    }
+
+
+_BUCKET = re.compile(r"^agl_controller_agent_start_seconds_bucket\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+
+
+def start_buckets(metrics_url: str, mode: str) -> list[tuple[float, float]]:
+    """Cumulative (upper bound, count) of the claim -> running histogram for one launch mode."""
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    buckets = []
+    for line in text.splitlines():
+        match = _BUCKET.match(line)
+        if match and f'mode="{mode}"' in match["labels"]:
+            le = re.search(r'le="([^"]+)"', match["labels"])[1]  # type: ignore[index]
+            buckets.append((float(le), float(match["value"])))
+    return sorted(buckets)
+
+
+def histogram_quantile(before: list[tuple[float, float]], after: list[tuple[float, float]], q: float) -> float:
+    """The q-quantile of the observations between two scrapes, linear within a bucket (as PromQL does)."""
+    counts = dict(after)
+    for le, count in before:
+        counts[le] -= count
+    ordered = sorted(counts.items())
+    total = ordered[-1][1]
+    if total <= 0:
+        return float("nan")
+    rank, lower, below = q * total, 0.0, 0.0
+    for le, cumulative in ordered:
+        if cumulative >= rank:
+            if le == float("inf"):
+                return lower
+            return lower + (le - lower) * (rank - below) / max(cumulative - below, 1e-9)
+        lower, below = le, cumulative
+    return lower
+
+
+# -- the math-agent bench ------------------------------------------------------------------------------------------
+
+
+async def paced(client: LedgerClient, metrics_url: str, mode: str, count: int, rate: float) -> None:
+    before = start_buckets(metrics_url, mode)
+    for i in range(count):
+        await client.create_rollouts([math_spec(mode, f"paced-{mode}", i)])
+        await asyncio.sleep(1.0 / rate)
+    done = await wait_done(client, f"paced-{mode}", count)
+    after = start_buckets(metrics_url, mode)
+    ok = await rewarded(client, done)
+    p50, p90 = histogram_quantile(before, after, 0.5), histogram_quantile(before, after, 0.9)
+    print(
+        f"  paced ({count} created one by one at {rate:g}/s): claim -> agent running p50 {p50 * 1000:.1f} ms, "
+        f"p90 {p90 * 1000:.1f} ms   succeeded with reward {ok}/{count}"
+    )
+
+
+async def burst(
+    client: LedgerClient, metrics_url: str, pids: Pids, mode: str, count: int, agent_class: str = MATH_AGENT
+) -> None:
+    phase = f"burst-{mode}-{'math' if agent_class == MATH_AGENT else 'trivial'}"
+    specs = [math_spec(mode, phase, i, agent_class) for i in range(count)]
+    before, cpu_before = start_buckets(metrics_url, mode), snapshot(pids)
+    for i in range(0, count, 100):
+        await client.create_rollouts(specs[i : i + 100])
+    done = await wait_done(client, phase, count)
+    cpu_after, after = snapshot(pids), start_buckets(metrics_url, mode)
+    ok = await rewarded(client, done) if agent_class == MATH_AGENT else sum(r.status.state == SUCCEEDED for r in done)
+    first_create = min(seconds(r.status.create_time) for r in done)
+    last_end = max(seconds(r.status.end_time) for r in done)
+    span = last_end - first_create
+    used = {name: (cpu_after[name] - cpu_before[name]) * 1000 / count for name in cpu_before}
+    p50, p90 = histogram_quantile(before, after, 0.5), histogram_quantile(before, after, 0.9)
+    print(f"  burst ({count} enqueued at once, concurrency 32):")
+    print(
+        f"    {ok / span:.1f} rollouts/s succeeded{' with reward' if agent_class == MATH_AGENT else ''} "
+        f"({ok}/{count} in {span:.2f} s, ledger clock); "
+        f"claim -> agent running p50 {p50 * 1000:.1f} ms, p90 {p90 * 1000:.1f} ms"
+    )
+    launch = used["controller"] + used["launcher"]
+    print(
+        f"    CPU per rollout: controller {used['controller']:.1f} ms + launcher {used['launcher']:.1f} ms "
+        f"= {launch:.1f} ms; agent processes {used['agents']:.1f} ms; ledger {used['ledger']:.1f} ms, "
+        f"proxy {used['proxy']:.1f} ms, engine {used['engine']:.1f} ms; all {sum(used.values()):.1f} ms"
+    )
+
+
+async def math_bench(ledger: str, metrics_url: str, pids: Pids, args: argparse.Namespace) -> None:
+    async with LedgerClient(ledger, KEY) as client:
+        # Warm-up: the launcher imports the agent once; the first fresh agents fill the page cache.
+        for mode in ("warm", "fresh"):
+            await client.create_rollouts([math_spec(mode, f"warmup-{mode}", i) for i in range(4)])
+            await wait_done(client, f"warmup-{mode}", 4)
+        for mode, count in (("warm", args.warm), ("fresh", args.fresh)):
+            if count <= 0:
+                continue
+            print(f"{mode}:")
+            if mode == "warm":
+                await paced(client, metrics_url, mode, args.paced, args.rate)
+            else:  # a fresh interpreter takes about a second of CPU: pace them well under that
+                await paced(client, metrics_url, mode, max(args.paced // 4, 4), args.fresh_rate)
+            await burst(client, metrics_url, pids, mode, count)
+        if args.trivial > 0:
+            # The launcher's own capacity: an agent class that only prints, so the agent costs next to nothing.
+            print(f"warm, trivial agent ({TRIVIAL_AGENT}):")
+            await burst(client, metrics_url, pids, "warm", args.trivial, TRIVIAL_AGENT)
+
+
+def start_math_stack(stack: ExitStack, tmp: Path, args: argparse.Namespace) -> tuple[str, str, Pids]:
+    """Ledger, stand-in engine (registered as the model), proxy and controller; returns addresses and pids."""
+    ledger = stack.enter_context(start_ledger(key=KEY, log_dir=tmp))
+    engine_port, proxy_port, metrics_port = free_port(), free_port(), free_port()
+    engine_url, proxy_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}"
+    engine_argv = [sys.executable, "-m", "services.standin", "--host", "127.0.0.1", "--port", str(engine_port)]
+    engine = stack.enter_context(
+        start_service(
+            [*engine_argv, "--model", MODEL, "--log-level", "warning"],
+            name="standin",
+            ready=lambda _: wait_http_ready(f"{engine_url}/health"),
+            log_dir=tmp,
+        )
+    )
+
+    async def register() -> None:
+        async with LedgerClient(ledger.address, KEY) as client:
+            endpoint = model_pb2.ModelEndpoint(model_name=MODEL, endpoint=f"{engine_url}/v1", version=1)
+            await client.register_models([endpoint])
+
+    asyncio.run(register())
+    proxy_argv = [sys.executable, "-m", "services.proxy", "--host", "127.0.0.1", "--port", str(proxy_port)]
+    proxy = stack.enter_context(
+        start_service(
+            [*proxy_argv, "--ledger", ledger.address, "--model-name", MODEL, "--log-level", "warning"],
+            name="proxy",
+            env={"AGL_KEY": KEY},
+            ready=lambda _: wait_http_ready(f"{proxy_url}/healthz"),
+            log_dir=tmp,
+        )
+    )
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    argv = [sys.executable, "-m", "services.controller", "--ledger", ledger.address, "--runner", "local"]
+    argv += ["--proxy-url", proxy_url, "--max-concurrency", str(args.concurrency), "--log-dir", f"{tmp}/logs"]
+    argv += ["--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port), "--log-level", "WARNING"]
+    controller = stack.enter_context(
+        start_service(
+            argv,
+            name="controller",
+            env={"AGL_KEY": KEY},
+            ready=lambda _: wait_http_ready(metrics_url),
+            log_dir=tmp,
+        )
+    )
+    pids = Pids(controller.proc.pid, ledger.proc.pid, proxy.proc.pid, engine.proc.pid)
+    return ledger.address, metrics_url, pids
+
+
+# -- the trivial-command bench (pick-up latency and throughput of the controller alone) -----------------------------
+
+
+async def command_bench(address: str, command: list[str], pickup: int, rate: float, burst_n: int) -> None:
+    async with LedgerClient(address, KEY) as client:
+        await client.create_rollouts([command_spec(command, "warmup") for _ in range(10)])
+        await wait_done(client, "warmup", 10)
         for _ in range(pickup):
-            await client.create_rollouts([make_spec(command, "pickup")])
+            await client.create_rollouts([command_spec(command, "pickup")])
             await asyncio.sleep(1.0 / rate)
         done = await wait_done(client, "pickup", pickup)
         latencies = [seconds(r.status.start_time) - seconds(r.status.create_time) for r in done]
-        failed = sum(r.status.state != rollout_pb2.ROLLOUT_STATE_SUCCEEDED for r in done)
         print(f"pick-up ({pickup} rollouts created one by one at {rate:g}/s), enqueue -> running:")
         print(
             f"  p50 {percentile(latencies, 0.5) * 1000:.1f} ms   p90 {percentile(latencies, 0.9) * 1000:.1f} ms   "
-            f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms   max {max(latencies) * 1000:.1f} ms   "
-            f"mean {statistics.mean(latencies) * 1000:.1f} ms   failed {failed}"
+            f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms   mean {statistics.mean(latencies) * 1000:.1f} ms"
         )
-
-        specs = [make_spec(command, "burst") for _ in range(burst)]
-        started = time.monotonic()
-        for i in range(0, burst, 100):
+        specs = [command_spec(command, "burst") for _ in range(burst_n)]
+        for i in range(0, burst_n, 100):
             await client.create_rollouts(specs[i : i + 100])
-        done = await wait_done(client, "burst", burst)
-        wall = time.monotonic() - started
-        first_create = min(seconds(r.status.create_time) for r in done)
-        last_end = max(seconds(r.status.end_time) for r in done)
-        latencies = [seconds(r.status.start_time) - seconds(r.status.create_time) for r in done]
-        failed = sum(r.status.state != rollout_pb2.ROLLOUT_STATE_SUCCEEDED for r in done)
-        print(f"throughput ({burst} rollouts enqueued at once, concurrency 32):")
-        print(
-            f"  {burst / (last_end - first_create):.1f} rollouts/s completed (ledger clock), "
-            f"{burst / wall:.1f}/s wall incl. polling   failed {failed}"
-        )
-        print(
-            f"  enqueue -> running under load: p50 {percentile(latencies, 0.5) * 1000:.0f} ms   "
-            f"p99 {percentile(latencies, 0.99) * 1000:.0f} ms"
-        )
+        done = await wait_done(client, "burst", burst_n)
+        span = max(seconds(r.status.end_time) for r in done) - min(seconds(r.status.create_time) for r in done)
+        failed = sum(r.status.state != SUCCEEDED for r in done)
+        print(f"throughput ({burst_n} enqueued at once): {burst_n / span:.1f} rollouts/s completed, failed {failed}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--agent", choices=("true", "python"), default="true")
-    parser.add_argument("--pickup", type=int, default=200)
-    parser.add_argument("--rate", type=float, default=20.0, help="pick-up phase creation rate per second")
-    parser.add_argument("--burst", type=int, default=1000)
-    args = parser.parse_args()
+def run_command_bench(args: argparse.Namespace, tmp: Path) -> None:
     command = ["true"] if args.agent == "true" else [sys.executable, "-c", "pass"]
-    with tempfile.TemporaryDirectory(prefix="agl-controller-bench-") as tmp, start_ledger(key=KEY) as ledger:
+    with start_ledger(key=KEY, log_dir=tmp) as ledger:
         metrics_port = free_port()
         argv = [sys.executable, "-m", "services.controller", "--ledger", ledger.address, "--runner", "local"]
         argv += ["--proxy-url", "http://127.0.0.1:9", "--max-concurrency", "32", "--log-dir", f"{tmp}/logs"]
@@ -120,10 +349,32 @@ def main() -> None:
             name="controller",
             env={"AGL_KEY": KEY},
             ready=lambda _: wait_http_ready(f"http://127.0.0.1:{metrics_port}/metrics"),
-            log_dir=Path(tmp),
+            log_dir=tmp,
         ):
-            print(f"agent: {' '.join(command)}   (2-core machine; ledger, controller and agents share it)")
-            asyncio.run(bench(ledger.address, command, args.pickup, args.rate, args.burst))
+            print(f"agent: {' '.join(command)}")
+            asyncio.run(command_bench(ledger.address, command, args.paced, args.rate, args.burst))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agent", choices=("math", "true", "python"), default="math")
+    parser.add_argument("--warm", type=int, default=200, help="math: burst size of warm launches")
+    parser.add_argument("--fresh", type=int, default=40, help="math: burst size of fresh interpreters")
+    parser.add_argument("--paced", type=int, default=40, help="rollouts created one at a time per mode")
+    parser.add_argument("--rate", type=float, default=5.0, help="creation rate of the paced phase, per second")
+    parser.add_argument("--fresh-rate", type=float, default=0.5, help="creation rate of the fresh paced phase")
+    parser.add_argument("--trivial", type=int, default=300, help="math: burst of a trivial warm agent class")
+    parser.add_argument("--burst", type=int, default=1000, help="true/python: burst size")
+    parser.add_argument("--concurrency", type=int, default=32)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="agl-controller-bench-") as tmp:
+        if args.agent != "math":
+            run_command_bench(args, Path(tmp))
+            return
+        with ExitStack() as stack:
+            ledger, metrics_url, pids = start_math_stack(stack, Path(tmp), args)
+            print(f"{os.cpu_count()} CPUs; ledger, proxy, engine, controller and agents share them")
+            asyncio.run(math_bench(ledger, metrics_url, pids, args))
 
 
 if __name__ == "__main__":

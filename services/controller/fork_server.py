@@ -126,11 +126,19 @@ class ForkServer:
 
     @staticmethod
     def _warm_libraries() -> None:
-        """One-time initialisation of OpenSSL's defaults, which otherwise every child pays for again."""
+        """Fills process-wide standard-library caches that no rollout can change, which each child would redo.
+
+        OpenSSL's one-time initialisation, and platform.uname().processor (which runs `uname -p` in a
+        subprocess the first time; the OpenAI SDK asks for it on every client's first request).
+        """
         with contextlib.suppress(Exception):
             import ssl
 
             ssl.create_default_context()
+        with contextlib.suppress(Exception):
+            import platform
+
+            _ = platform.uname().processor
 
     # -- main loop ---------------------------------------------------------------------------------------------
 
