@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 
 import grpc
 import pytest
@@ -121,32 +120,34 @@ def _silent_connections(address: str, count: int) -> list[socket.socket]:
     return sockets
 
 
-def _closed_within(s: socket.socket, seconds: float) -> bool:
+async def _closed_within(s: socket.socket, seconds: float) -> bool:
     """Whether the server closes the connection within `seconds` (reading and dropping what it sends)."""
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        s.settimeout(left)
-        try:
-            if not s.recv(65536):
+    loop = asyncio.get_running_loop()
+    s.setblocking(False)
+    deadline = loop.time() + seconds
+    try:
+        while (left := deadline - loop.time()) > 0:
+            if not await asyncio.wait_for(loop.sock_recv(s, 65536), left):
                 return True
-        except TimeoutError:
-            return False
-        except OSError:
-            return True
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
     return False
 
 
 async def test_silent_connections_are_closed_and_capped(tmp_path) -> None:
-    """Connections that never speak HTTP/2 are closed after the handshake deadline; above the cap they are refused
-    at once; a real client is served again once they are gone."""
-    args = ["--handshake-timeout", "1", "--max-connections", "20"]
+    """Connections that never speak HTTP/2: above the cap they are refused at once, the others are closed at the
+    handshake deadline, and a real client is served once they are gone."""
+    args = ["--handshake-timeout", "2", "--max-connections", "20"]
     with start_ledger(log_dir=tmp_path, extra_args=args) as led:
         sockets = await asyncio.to_thread(_silent_connections, led.address, 60)
         try:
-            started = time.monotonic()
-            closed = await asyncio.gather(*(asyncio.to_thread(_closed_within, s, 4.0) for s in sockets))
-            assert all(closed), f"{closed.count(False)} of {len(sockets)} silent connections still open"
-            assert time.monotonic() - started < 10
+            refused = await asyncio.gather(*(_closed_within(s, 0.5) for s in sockets))
+            assert 40 <= sum(refused) < 60, f"{sum(refused)} of 60 closed at once with a cap of 20"
+            admitted = [s for s, gone in zip(sockets, refused, strict=True) if not gone]
+            closed = await asyncio.gather(*(_closed_within(s, 5.0) for s in admitted))
+            assert all(closed), f"{closed.count(False)} of {len(admitted)} silent connections still open"
         finally:
             for s in sockets:
                 s.close()
@@ -172,3 +173,23 @@ async def test_clients_pinging_too_often_are_told_to_go_away(tmp_path) -> None:
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await asyncio.wait_for(watch.read(), 20)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_aged_and_idle_connections_are_recycled_without_cutting_watches(tmp_path) -> None:
+    """Connection age and idle limits send GOAWAY: a watch in progress goes on, and new calls reconnect."""
+    args = ["--max-connection-age", "1", "--max-connection-idle", "1"]
+    with start_ledger(log_dir=tmp_path, extra_args=args) as led:
+        async with grpc.aio.insecure_channel(led.address) as channel:
+            stub = ledger_service_pb2_grpc.LedgerServiceStub(channel)
+            watch = stub.WatchRollouts(pb.WatchRolloutsRequest())
+            assert (await watch.read()).type == pb.ROLLOUT_CHANGE_TYPE_SYNCED
+            await asyncio.sleep(2.5)  # past the connection's age: no new calls on it, the watch continues
+            await create(stub, "after-age")
+            change = await asyncio.wait_for(watch.read(), 10)
+            assert change.rollout.rollout_id == "after-age"
+            watch.cancel()
+        async with grpc.aio.insecure_channel(led.address) as channel:
+            stub = ledger_service_pb2_grpc.LedgerServiceStub(channel)
+            await create(stub, "first")
+            await asyncio.sleep(2.5)  # idle past the limit: the server closed the connection
+            assert [r.rollout_id for r in await create(stub, "second")] == ["second"]
