@@ -101,9 +101,13 @@ class LauncherPool:
     def released(self, launcher: WarmLauncher) -> None:
         """Called when one of the launcher's rollouts ended: a retired launcher with nothing left goes away."""
         launcher.last_used = time.monotonic()
-        if launcher in self._retiring and launcher.active == 0:
+        if launcher.active:
+            return
+        if launcher in self._retiring:
             self._retiring.discard(launcher)
             self._close_later(launcher)
+        elif not self._closed:
+            asyncio.get_running_loop().call_later(self._idle_s + 0.1, self._stop_idle)
 
     def refused(self, launcher: WarmLauncher, reason: str) -> None:
         """The launcher refused to fork (it became unsafe): replace it by one that preloads nothing it learned."""

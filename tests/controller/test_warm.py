@@ -286,3 +286,36 @@ async def test_an_unknown_launch_label_fails_the_rollout_with_its_name(
         rollout = (await wait_for(ledger, [created.rollout_id]))[created.rollout_id]
     assert rollout.status.state == FAILED
     assert "agl-launch" in rollout.status.error_message and "lukewarm" in rollout.status.error_message
+
+
+async def test_a_killed_controller_takes_its_warm_agents_along_and_the_next_run_reconciles(
+    stack: Stack, ledger: LedgerClient, tmp_path: Path
+) -> None:
+    log_dir = tmp_path / "shared-logs"
+    marks = tmp_path / "marks.txt"
+    with run_controller(stack, tmp_path, controller_id="ctl-warm-restart", log_dir=log_dir) as first:
+        [hang] = await ledger.create_rollouts(
+            [spec(agent_class=f"{WARM}:HangAgent", env_map={"MARKS": "input.marks"}, input_value={"marks": str(marks)})]
+        )
+        await _wait_marked(marks, 1)
+        agent = json.loads((log_dir / f"{hang.rollout_id}.pid").read_text())["pid"]
+        launcher = launcher_of(log_dir, hang.rollout_id)
+        assert launcher is not None
+        first.process.kill()  # kill -9: the launcher sees its control socket close
+        assert await wait_gone([agent, launcher]) == []
+    with run_controller(stack, tmp_path, controller_id="ctl-warm-restart", log_dir=log_dir):
+        rollout = (await wait_for(ledger, [hang.rollout_id]))[hang.rollout_id]
+    assert rollout.status.state == FAILED
+    assert "agent process gone after a controller restart" in rollout.status.error_message
+    assert len(marks.read_text().splitlines()) == 1
+
+
+async def test_an_idle_launcher_exits(stack: Stack, ledger: LedgerClient, tmp_path: Path) -> None:
+    with run_controller(stack, tmp_path, args=["--launcher-idle", "1"]) as controller:
+        [created] = await ledger.create_rollouts([spec(agent_class=f"{WARM}:ImportEnvAgent")])
+        await wait_for(ledger, [created.rollout_id])
+        launcher = launcher_of(controller.log_dir, created.rollout_id)
+        assert launcher is not None
+        assert await wait_gone([launcher], timeout_s=10) == []
+        metrics = read_metrics(controller.metrics_url, {"agl_controller_launchers": 0})
+    assert metric(metrics, "agl_controller_launchers") == 0
