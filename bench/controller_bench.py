@@ -213,7 +213,13 @@ async def paced(client: LedgerClient, metrics_url: str, mode: str, count: int, r
 
 
 async def burst(
-    client: LedgerClient, metrics_url: str, pids: Pids, mode: str, count: int, agent_class: str = MATH_AGENT
+    client: LedgerClient,
+    metrics_url: str,
+    pids: Pids,
+    mode: str,
+    count: int,
+    concurrency: int,
+    agent_class: str = MATH_AGENT,
 ) -> None:
     phase = f"burst-{mode}-{'math' if agent_class == MATH_AGENT else 'trivial'}"
     specs = [math_spec(mode, phase, i, agent_class) for i in range(count)]
@@ -228,7 +234,7 @@ async def burst(
     span = last_end - first_create
     used = {name: (cpu_after[name] - cpu_before[name]) * 1000 / count for name in cpu_before}
     p50, p90 = histogram_quantile(before, after, 0.5), histogram_quantile(before, after, 0.9)
-    print(f"  burst ({count} enqueued at once, concurrency 32):")
+    print(f"  burst ({count} enqueued at once, concurrency {concurrency}):")
     print(
         f"    {ok / span:.1f} rollouts/s succeeded{' with reward' if agent_class == MATH_AGENT else ''} "
         f"({ok}/{count} in {span:.2f} s, ledger clock); "
@@ -252,15 +258,17 @@ async def math_bench(ledger: str, metrics_url: str, pids: Pids, args: argparse.N
             if count <= 0:
                 continue
             print(f"{mode}:")
-            if mode == "warm":
+            if args.paced <= 0:
+                pass
+            elif mode == "warm":
                 await paced(client, metrics_url, mode, args.paced, args.rate)
             else:  # a fresh interpreter takes about a second of CPU: pace them well under that
                 await paced(client, metrics_url, mode, max(args.paced // 4, 4), args.fresh_rate)
-            await burst(client, metrics_url, pids, mode, count)
+            await burst(client, metrics_url, pids, mode, count, args.concurrency)
         if args.trivial > 0:
             # The launcher's own capacity: an agent class that only prints, so the agent costs next to nothing.
             print(f"warm, trivial agent ({TRIVIAL_AGENT}):")
-            await burst(client, metrics_url, pids, "warm", args.trivial, TRIVIAL_AGENT)
+            await burst(client, metrics_url, pids, "warm", args.trivial, args.concurrency, TRIVIAL_AGENT)
 
 
 def start_math_stack(stack: ExitStack, tmp: Path, args: argparse.Namespace) -> tuple[str, str, Pids]:

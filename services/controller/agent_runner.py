@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         usage = "usage: python -m services.controller.agent_runner [--notify-fd N --launch-id ID] module:Class"
         sys.stderr.write(usage + "\n")
         return LOAD_FAILED
+    sys.argv = [sys.argv[0], args[0]]  # what the agent sees: the launch options are ours
     return run_agent(args[0], lambda: notify_running(notify_fd, launch_id))
 
 

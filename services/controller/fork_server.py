@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import agent_runner
 from .agent_code import learned_modules, local_files
 from .agent_runner import notify_running, run_agent_in_child
 
@@ -319,6 +320,7 @@ class ForkServer:
             os.close(out)
             os.environ.clear()
             os.environ.update(launch.env)
+            sys.argv = [agent_runner.__file__, launch.spec]  # as `python -m ...agent_runner spec` has it
             logging.root.handlers.clear()
             logging.root.setLevel(logging.WARNING)
             before = set(sys.modules)

@@ -225,7 +225,11 @@ class LocalRunner:
         """Forked by the module's launcher. Raises LauncherUnavailable when nothing was forked (run it fresh)."""
         assert self._pool is not None
         module = launch.agent_class.partition(":")[0]
-        launcher = await self._pool.acquire(module)
+        try:
+            launcher = await asyncio.wait_for(self._pool.acquire(module), plan.timeout_s)
+        except TimeoutError:
+            reason = f"(the launcher was still importing {module}; log: {self._log_dir / 'launchers'})"
+            return timed_out(plan.timeout_s, reason)
         where = f"(log: {launch.log_path})"
         header = f"{_HEADER}{plan.rollout_id} attempt {plan.attempt_id}: {launch.agent_class} "
         header += f"(warm launch by launcher pid {launcher.pid})\n"

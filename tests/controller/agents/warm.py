@@ -78,7 +78,7 @@ class SegfaultAgent:
 
 
 class ImportEnvAgent:
-    """Prints the event URL its module saw at import time next to the one it sees now."""
+    """Prints the event URL its module saw at import time next to the one it sees now, and its arguments."""
 
     def run(self) -> None:
-        print(json.dumps({"at_import": EVENT_URL_AT_IMPORT, "now": os.environ["AGL_EVENT_URL"]}))
+        print(json.dumps({"at_import": EVENT_URL_AT_IMPORT, "now": os.environ["AGL_EVENT_URL"], "argv": sys.argv[1:]}))
