@@ -321,3 +321,25 @@ async def test_an_idle_launcher_exits(stack: Stack, ledger: LedgerClient, tmp_pa
         assert await wait_gone([launcher], timeout_s=10) == []
         metrics = read_metrics(controller.metrics_url, {"agl_controller_launchers": 0})
     assert metric(metrics, "agl_controller_launchers") == 0
+
+
+async def test_libraries_agents_import_lazily_are_preloaded_for_the_next_agents(
+    stack: Stack, ledger: LedgerClient, tmp_path: Path
+) -> None:
+    async def preloaded(controller_log_dir: Path) -> list[bool]:
+        seen = []
+        for _ in range(2):
+            [created] = await ledger.create_rollouts([spec(agent_class=f"{WARM}:LazyImportAgent")])
+            rollout = (await wait_for(ledger, [created.rollout_id]))[created.rollout_id]
+            assert rollout.status.state == SUCCEEDED, rollout.status.error_message
+            lines = (controller_log_dir / f"{created.rollout_id}.log").read_text().splitlines()
+            seen.append(json.loads(lines[-1])["preloaded"])
+            await asyncio.sleep(0.3)  # the launcher imports what it learned while no launch waits
+        return seen
+
+    with run_controller(stack, tmp_path) as controller:
+        learning = await preloaded(controller.log_dir)
+    with run_controller(stack, tmp_path, args=["--no-launcher-learn"]) as controller:
+        not_learning = await preloaded(controller.log_dir)
+    assert learning == [False, True]
+    assert not_learning == [False, False]

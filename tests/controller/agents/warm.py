@@ -82,3 +82,13 @@ class ImportEnvAgent:
 
     def run(self) -> None:
         print(json.dumps({"at_import": EVENT_URL_AT_IMPORT, "now": os.environ["AGL_EVENT_URL"], "argv": sys.argv[1:]}))
+
+
+class LazyImportAgent:
+    """Says whether a small library module it imports lazily was already loaded when it started."""
+
+    def run(self) -> None:
+        loaded = "colorsys" in sys.modules
+        import colorsys  # noqa: F401
+
+        print(json.dumps({"preloaded": loaded}))
