@@ -1,4 +1,4 @@
-"""python -m services.engine --model-dir DIR [--port 8011] ... [-- VLLM_ARGS]: exec vLLM's CPU server."""
+"""agl-engine (python -m services.engine) --model-dir DIR [--port 8011] ... [-- VLLM_ARGS]: exec vLLM's CPU server."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         launch = build_launch(config, os.environ)
     except LaunchError as err:
-        sys.stderr.write(f"python -m services.engine: error: {err}\n")
+        sys.stderr.write(f"agl-engine: error: {err}\n")
         return 2
     log.info("exec %s", shlex.join(launch.argv))
     sys.stdout.flush()

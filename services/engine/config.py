@@ -38,7 +38,7 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     env = os.environ if env is None else env
     d = EngineConfig()
     p = argparse.ArgumentParser(
-        prog="python -m services.engine",
+        prog="agl-engine",
         description="vLLM's CPU build serving one model, with AGL's worker extension (weights reloadable in place). "
         "Arguments after `--` go to vLLM's api_server unchanged.",
     )

@@ -17,7 +17,7 @@ from services._gen.agl.v1 import ledger_service_pb2
 from tests.deploy.conftest import DEPLOY, REPO_ROOT, config_env_names
 
 COMPOSE = DEPLOY / "docker-compose.yaml"
-PROFILES = ("standin", "vllm", "ray")
+PROFILES = ("standin", "vllm", "engine", "ray")
 
 
 def _compose() -> dict:
@@ -47,6 +47,8 @@ def test_docker_compose_accepts_the_file_with_every_profile() -> None:
         "register-standin",
         "vllm",
         "register-vllm",
+        "engine",
+        "register-engine",
         "ray-head",
     }
     assert set(resolved["volumes"]) >= {"ledger-data"}
@@ -123,16 +125,19 @@ def test_every_command_is_a_console_script_or_a_third_party_image() -> None:
         "agl-proxy",
         "agl-controller",
         "agl-standin-engine",
+        "agl-engine",
         "ray",
     }
     for spec in specs.values():
         assert spec.argv[0] in scripts or spec.argv[0] == "ray", spec
     services = _compose()["services"]
     third_party = {name for name, svc in services.items() if "build" not in svc and name not in specs}
-    assert third_party == {"register-standin", "vllm", "register-vllm"}
+    assert third_party == {"register-standin", "vllm", "register-vllm", "register-engine"}
 
 
-@pytest.mark.parametrize(("service", "engine"), [("register-standin", "standin"), ("register-vllm", "vllm")])
+@pytest.mark.parametrize(
+    ("service", "engine"), [("register-standin", "standin"), ("register-vllm", "vllm"), ("register-engine", "engine")]
+)
 def test_engine_registration_is_a_valid_register_models_call(service: str, engine: str) -> None:
     document = local_stack.interpolate_tree(_compose(), {})  # as compose interpolates it with nothing set
     args = document["services"][service]["command"]

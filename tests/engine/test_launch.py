@@ -117,4 +117,4 @@ def test_cli_errors_are_one_line_and_exit_2(args: list[str], message: str, tmp_p
     assert result.returncode == 2
     assert message in result.stderr
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("python -m services.engine: error:") and message in last
+    assert last.startswith("agl-engine: error:") and message in last
