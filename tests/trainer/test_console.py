@@ -34,12 +34,12 @@ def test_cfg_job_carries_the_engines_served_name_and_tool_call_flags(
     )
     assert done.returncode == 0, done.stderr[-2000:]
     printed = OmegaConf.create(done.stdout)
-    # What Hydra prints keeps the interpolations: the engine flags follow agl.model_name / agl.engine.*.
+    # What Hydra prints keeps the interpolations: the engine flags follow agl.model_name / agl.tool_calls.*.
     vllm = printed.actor_rollout_ref.rollout.engine_kwargs.vllm
     assert OmegaConf.to_container(vllm) == {
         "served_model_name": "${agl.model_name}",
-        "enable_auto_tool_choice": "${agl.engine.enable_auto_tool_choice}",
-        "tool_call_parser": "${agl.engine.tool_call_parser}",
+        "enable_auto_tool_choice": "${agl.tool_calls.enable_auto_tool_choice}",
+        "tool_call_parser": "${agl.tool_calls.parser}",
     }
     # Resolved as the job resolves it (same environment): the routed name and the parser reach the engines.
     job = OmegaConf.to_container(printed, resolve=True)
