@@ -129,7 +129,11 @@ def cpu(pid: int) -> tuple[float, float]:
 def launcher_pids(controller_pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{controller_pid}/task").iterdir():
-        for pid in (task / "children").read_text().split():
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:  # a thread that just ended
+            continue
+        for pid in children:
             try:
                 if b"fork_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     found.append(int(pid))
