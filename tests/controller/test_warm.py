@@ -343,3 +343,33 @@ async def test_libraries_agents_import_lazily_are_preloaded_for_the_next_agents(
         not_learning = await preloaded(controller.log_dir)
     assert learning == [False, True]
     assert not_learning == [False, False]
+
+
+async def test_a_launch_the_launcher_never_confirmed_is_failed_not_repeated(
+    stack: Stack, ledger: LedgerClient, tmp_path: Path
+) -> None:
+    marks = tmp_path / "marks.txt"
+    mark_env = {"env_map": {"MARKS": "input.marks"}, "input_value": {"marks": str(marks)}}
+    with run_controller(stack, tmp_path) as controller:
+        [first] = await ledger.create_rollouts([spec(agent_class=f"{WARM}:MarkAgent", **mark_env)])
+        await wait_for(ledger, [first.rollout_id])
+        launcher = launcher_of(controller.log_dir, first.rollout_id)
+        assert launcher is not None
+        os.kill(launcher, signal.SIGSTOP)  # the launch request waits, unread, in its socket
+        try:
+            [lost] = await ledger.create_rollouts([spec(agent_class=f"{WARM}:MarkAgent", **mark_env)])
+            await wait_for(ledger, [lost.rollout_id], states=[RUNNING])
+            await asyncio.sleep(0.5)
+        finally:
+            os.kill(launcher, signal.SIGKILL)
+        failed = (await wait_for(ledger, [lost.rollout_id]))[lost.rollout_id]
+        [after] = await ledger.create_rollouts([spec(agent_class=f"{WARM}:MarkAgent", **mark_env)])
+        later = (await wait_for(ledger, [after.rollout_id]))[after.rollout_id]
+        metrics = read_metrics(controller.metrics_url, {"agl_controller_launcher_restarts_total": 1})
+    assert failed.status.state == FAILED
+    assert failed.status.error_message.startswith("agent launcher died before confirming the launch")
+    assert "not launched again" in failed.status.error_message
+    assert later.status.state == SUCCEEDED, later.status.error_message
+    assert metric(metrics, "agl_controller_launcher_restarts_total") == 1
+    urls = [line.split()[1] for line in marks.read_text().splitlines()]
+    assert len(urls) == 2 and not any(f"/{lost.rollout_id}/" in url for url in urls)
