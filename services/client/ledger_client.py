@@ -33,6 +33,7 @@ from services.ledger import wire  # plain protobuf wire encoding, no server code
 from .append_batcher import AppendBatcher
 from .append_stream import AppendStream
 from .retry import RetryPolicy
+from .runs import RunMethods
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ _EVENT_ID_FIELD = event_pb2.Event.DESCRIPTOR.fields_by_name["event_id"].number
 _REJECT_TERMINAL = ledger_service_pb2.AppendEventsRequest(reject_terminal=True).SerializeToString()
 
 
-class LedgerClient:
+class LedgerClient(RunMethods):
     """Async client of agl.v1.LedgerService. Create it anywhere; the channel opens on first use."""
 
     def __init__(
@@ -185,6 +186,19 @@ class LedgerClient:
             token = response.next_page_token
             if not token:
                 return found
+
+    async def list_rollouts_page(
+        self,
+        states: Iterable[int] = (),
+        labels: Mapping[str, str] | None = None,
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> ledger_service_pb2.ListRolloutsResponse:
+        """One page of matching rollouts, in creation order, with the token of the next page."""
+        request = ledger_service_pb2.ListRolloutsRequest(
+            states=list(states), label_selector=dict(labels or {}), page_size=page_size, page_token=page_token
+        )
+        return await self._unary("ListRollouts", request)
 
     async def delete_rollouts(self, rollout_ids: Iterable[str]) -> int:
         request = ledger_service_pb2.DeleteRolloutsRequest(rollout_ids=list(rollout_ids))

@@ -24,6 +24,7 @@ from .logs import printable
 from .model_registry import ModelRegistry
 from .paging import page_size, parse_token
 from .proxy_control import ProxyControlState
+from .runs import RunBook
 from .store import DELETE_MODEL, DELETE_ROLLOUT, PUT_EVENT, PUT_META, PUT_MODEL, PUT_ROLLOUT, Op, Store
 from .terminal_log import TerminalLog
 from .triplet import split
@@ -89,6 +90,7 @@ class Ledger:
         self._ring_size = ring_size
         self._watch_buffer = watch_buffer
         self.hub = RolloutHub(0, ring_size, watch_buffer)
+        self.runs = RunBook(self._write, self.durable, ring_size=ring_size, watch_buffer=watch_buffer)
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -125,6 +127,7 @@ class Ledger:
         control = loaded.meta.get(META_PROXY_CONTROL)
         if isinstance(control, bytes):
             self.proxy.restore(proxy_control_pb2.ProxyControl.FromString(control))
+        self.runs.load(loaded)
         events = sum(e.next_seq - 1 for e in self.rollouts.values())
         log.info(
             "ledger loaded: %d rollouts, %d events, %d terminal entries, %d model endpoints, revision %d",

@@ -323,3 +323,51 @@ class LedgerServicer:
         async with contextlib.aclosing(feed):
             async for control in feed:
                 yield pb.WatchProxyControlResponse(control=control)
+
+    # -- runs ------------------------------------------------------------------------------------------------------
+
+    @rpc
+    async def CreateRun(self, request: pb.CreateRunRequest, context: Any) -> pb.CreateRunResponse:
+        run, created = await self.ledger.runs.create(request.run_id, request.labels, request.config_json)
+        return pb.CreateRunResponse(run=run, created=created)
+
+    @rpc
+    async def GetRun(self, request: pb.GetRunRequest, context: Any) -> pb.GetRunResponse:
+        return pb.GetRunResponse(run=await self.ledger.runs.get(request.run_id))
+
+    @rpc
+    async def ListRuns(self, request: pb.ListRunsRequest, context: Any) -> pb.ListRunsResponse:
+        runs, token = await self.ledger.runs.list(
+            request.label_selector, request.states, request.page_size, request.page_token
+        )
+        return pb.ListRunsResponse(runs=runs, next_page_token=token)
+
+    @rpc
+    async def UpdateRunState(self, request: pb.UpdateRunStateRequest, context: Any) -> pb.UpdateRunStateResponse:
+        run = await self.ledger.runs.update_state(request.run_id, request.state, request.error_message)
+        return pb.UpdateRunStateResponse(run=run)
+
+    @rpc
+    async def DeleteRuns(self, request: pb.DeleteRunsRequest, context: Any) -> pb.DeleteRunsResponse:
+        return pb.DeleteRunsResponse(deleted_count=await self.ledger.runs.delete(request.run_ids))
+
+    @rpc
+    async def ReportRunSteps(self, request: pb.ReportRunStepsRequest, context: Any) -> pb.ReportRunStepsResponse:
+        steps, run = await self.ledger.runs.report_steps(request.run_id, list(request.steps))
+        return pb.ReportRunStepsResponse(steps=steps, run=run)
+
+    @rpc
+    async def ListRunSteps(self, request: pb.ListRunStepsRequest, context: Any) -> pb.ListRunStepsResponse:
+        steps, token = await self.ledger.runs.list_steps(
+            request.run_id, request.after_step, request.metric_names, request.page_size, request.page_token
+        )
+        return pb.ListRunStepsResponse(steps=steps, next_page_token=token)
+
+    @rpc
+    async def WatchRuns(self, request: pb.WatchRunsRequest, context: Any) -> AsyncIterator[Any]:
+        feed = self.ledger.runs.watch(
+            request.run_id, request.label_selector, request.include_steps, request.after_revision
+        )
+        async with contextlib.aclosing(feed):
+            async for kind, revision, run, step in feed:
+                yield pb.WatchRunsResponse(type=kind, revision=revision, run=run, step=step)

@@ -23,10 +23,13 @@ from .errors import Unavailable
 from .store import (
     DELETE_MODEL,
     DELETE_ROLLOUT,
+    DELETE_RUN,
     PUT_EVENT,
     PUT_META,
     PUT_MODEL,
     PUT_ROLLOUT,
+    PUT_RUN,
+    PUT_RUN_STEP,
     Loaded,
     Op,
     Store,
@@ -61,6 +64,13 @@ CREATE TABLE IF NOT EXISTS models (
     PRIMARY KEY (model_name, endpoint)
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value);
+CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, ordinal INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS run_steps (
+    run_id TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (run_id, step)
+);
 """
 
 _SQL = {
@@ -70,6 +80,8 @@ _SQL = {
     PUT_MODEL: "INSERT OR REPLACE INTO models (model_name, endpoint, data) VALUES (?, ?, ?)",
     DELETE_MODEL: "DELETE FROM models WHERE model_name = ? AND endpoint = ?",
     PUT_META: "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+    PUT_RUN: "INSERT OR REPLACE INTO runs (run_id, ordinal, data) VALUES (?, ?, ?)",
+    PUT_RUN_STEP: "INSERT OR REPLACE INTO run_steps (run_id, step, data) VALUES (?, ?, ?)",
 }
 
 # At most this many writes go into one transaction (bounds the latency of a single commit).
@@ -124,6 +136,8 @@ class SqliteStore(Store):
         loaded.event_ids = cur.fetchall()
         loaded.models = [row[0] for row in self._reader.execute("SELECT data FROM models")]
         loaded.meta = dict(self._reader.execute("SELECT key, value FROM meta").fetchall())
+        loaded.runs = self._reader.execute("SELECT ordinal, data FROM runs ORDER BY ordinal").fetchall()
+        loaded.run_steps = [row[0] for row in self._reader.execute("SELECT data FROM run_steps ORDER BY run_id, step")]
         return loaded
 
     def write(self, ops: list[Op]) -> int:
@@ -272,6 +286,9 @@ def _apply(conn: sqlite3.Connection, ops: list[Op]) -> None:
         if kind == DELETE_ROLLOUT:
             conn.executemany("DELETE FROM events WHERE rollout_id = ?", rows)
             conn.executemany("DELETE FROM rollouts WHERE rollout_id = ?", rows)
+        elif kind == DELETE_RUN:
+            conn.executemany("DELETE FROM run_steps WHERE run_id = ?", rows)
+            conn.executemany("DELETE FROM runs WHERE run_id = ?", rows)
         elif kind == PUT_EVENT:
             conn.executemany(_SQL[PUT_EVENT], [(r[0], r[1], r[2], r[3], r[4] or None, r[5], r[6]) for r in rows])
         else:

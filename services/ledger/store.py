@@ -23,12 +23,18 @@ from dataclasses import dataclass, field
 #   (PUT_MODEL, model_name, endpoint, endpoint_bytes)
 #   (DELETE_MODEL, model_name, endpoint)
 #   (PUT_META, key, value)                             -- value: int or bytes
+#   (PUT_RUN, run_id, ordinal, run_bytes)
+#   (DELETE_RUN, run_id)                               -- removes its steps too
+#   (PUT_RUN_STEP, run_id, step, step_bytes)
 PUT_ROLLOUT = 1
 DELETE_ROLLOUT = 2
 PUT_EVENT = 3
 PUT_MODEL = 4
 DELETE_MODEL = 5
 PUT_META = 6
+PUT_RUN = 7
+DELETE_RUN = 8
+PUT_RUN_STEP = 9
 
 Op = tuple
 MetaValue = int | bytes
@@ -53,6 +59,8 @@ class Loaded:
     event_ids: list[tuple[str, str, int, str]] = field(default_factory=list)
     models: list[bytes] = field(default_factory=list)
     meta: dict[str, MetaValue] = field(default_factory=dict)
+    runs: list[tuple[int, bytes]] = field(default_factory=list)  # (ordinal, run_bytes) in ordinal order
+    run_steps: list[bytes] = field(default_factory=list)
 
 
 class Store(abc.ABC):

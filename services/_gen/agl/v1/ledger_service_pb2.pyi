@@ -2,6 +2,7 @@ from . import event_pb2 as _event_pb2
 from . import model_pb2 as _model_pb2
 from . import proxy_control_pb2 as _proxy_control_pb2
 from . import rollout_pb2 as _rollout_pb2
+from . import run_pb2 as _run_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -18,11 +19,26 @@ class RolloutChangeType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROLLOUT_CHANGE_TYPE_SYNCED: _ClassVar[RolloutChangeType]
     ROLLOUT_CHANGE_TYPE_UPSERT: _ClassVar[RolloutChangeType]
     ROLLOUT_CHANGE_TYPE_DELETE: _ClassVar[RolloutChangeType]
+
+class RunChangeType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RUN_CHANGE_TYPE_UNSPECIFIED: _ClassVar[RunChangeType]
+    RUN_CHANGE_TYPE_SNAPSHOT: _ClassVar[RunChangeType]
+    RUN_CHANGE_TYPE_SYNCED: _ClassVar[RunChangeType]
+    RUN_CHANGE_TYPE_RUN: _ClassVar[RunChangeType]
+    RUN_CHANGE_TYPE_STEP: _ClassVar[RunChangeType]
+    RUN_CHANGE_TYPE_DELETE: _ClassVar[RunChangeType]
 ROLLOUT_CHANGE_TYPE_UNSPECIFIED: RolloutChangeType
 ROLLOUT_CHANGE_TYPE_SNAPSHOT: RolloutChangeType
 ROLLOUT_CHANGE_TYPE_SYNCED: RolloutChangeType
 ROLLOUT_CHANGE_TYPE_UPSERT: RolloutChangeType
 ROLLOUT_CHANGE_TYPE_DELETE: RolloutChangeType
+RUN_CHANGE_TYPE_UNSPECIFIED: RunChangeType
+RUN_CHANGE_TYPE_SNAPSHOT: RunChangeType
+RUN_CHANGE_TYPE_SYNCED: RunChangeType
+RUN_CHANGE_TYPE_RUN: RunChangeType
+RUN_CHANGE_TYPE_STEP: RunChangeType
+RUN_CHANGE_TYPE_DELETE: RunChangeType
 
 class CreateRolloutsRequest(_message.Message):
     __slots__ = ("rollouts",)
@@ -373,3 +389,164 @@ class WatchProxyControlResponse(_message.Message):
     CONTROL_FIELD_NUMBER: _ClassVar[int]
     control: _proxy_control_pb2.ProxyControl
     def __init__(self, control: _Optional[_Union[_proxy_control_pb2.ProxyControl, _Mapping]] = ...) -> None: ...
+
+class CreateRunRequest(_message.Message):
+    __slots__ = ("run_id", "labels", "config_json")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    labels: _containers.ScalarMap[str, str]
+    config_json: str
+    def __init__(self, run_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., config_json: _Optional[str] = ...) -> None: ...
+
+class CreateRunResponse(_message.Message):
+    __slots__ = ("run", "created")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    run: _run_pb2.Run
+    created: bool
+    def __init__(self, run: _Optional[_Union[_run_pb2.Run, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class GetRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class GetRunResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: _run_pb2.Run
+    def __init__(self, run: _Optional[_Union[_run_pb2.Run, _Mapping]] = ...) -> None: ...
+
+class ListRunsRequest(_message.Message):
+    __slots__ = ("label_selector", "states", "page_size", "page_token")
+    class LabelSelectorEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    LABEL_SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    label_selector: _containers.ScalarMap[str, str]
+    states: _containers.RepeatedScalarFieldContainer[_run_pb2.RunState]
+    page_size: int
+    page_token: str
+    def __init__(self, label_selector: _Optional[_Mapping[str, str]] = ..., states: _Optional[_Iterable[_Union[_run_pb2.RunState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListRunsResponse(_message.Message):
+    __slots__ = ("runs", "next_page_token")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[_run_pb2.Run]
+    next_page_token: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[_run_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class UpdateRunStateRequest(_message.Message):
+    __slots__ = ("run_id", "state", "error_message")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    state: _run_pb2.RunState
+    error_message: str
+    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[_run_pb2.RunState, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class UpdateRunStateResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: _run_pb2.Run
+    def __init__(self, run: _Optional[_Union[_run_pb2.Run, _Mapping]] = ...) -> None: ...
+
+class DeleteRunsRequest(_message.Message):
+    __slots__ = ("run_ids",)
+    RUN_IDS_FIELD_NUMBER: _ClassVar[int]
+    run_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteRunsResponse(_message.Message):
+    __slots__ = ("deleted_count",)
+    DELETED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    deleted_count: int
+    def __init__(self, deleted_count: _Optional[int] = ...) -> None: ...
+
+class ReportRunStepsRequest(_message.Message):
+    __slots__ = ("run_id", "steps")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    steps: _containers.RepeatedCompositeFieldContainer[_run_pb2.RunStep]
+    def __init__(self, run_id: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[_run_pb2.RunStep, _Mapping]]] = ...) -> None: ...
+
+class ReportRunStepsResponse(_message.Message):
+    __slots__ = ("steps", "run")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedCompositeFieldContainer[_run_pb2.RunStep]
+    run: _run_pb2.Run
+    def __init__(self, steps: _Optional[_Iterable[_Union[_run_pb2.RunStep, _Mapping]]] = ..., run: _Optional[_Union[_run_pb2.Run, _Mapping]] = ...) -> None: ...
+
+class ListRunStepsRequest(_message.Message):
+    __slots__ = ("run_id", "after_step", "metric_names", "page_size", "page_token")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_STEP_FIELD_NUMBER: _ClassVar[int]
+    METRIC_NAMES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    after_step: int
+    metric_names: _containers.RepeatedScalarFieldContainer[str]
+    page_size: int
+    page_token: str
+    def __init__(self, run_id: _Optional[str] = ..., after_step: _Optional[int] = ..., metric_names: _Optional[_Iterable[str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListRunStepsResponse(_message.Message):
+    __slots__ = ("steps", "next_page_token")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedCompositeFieldContainer[_run_pb2.RunStep]
+    next_page_token: str
+    def __init__(self, steps: _Optional[_Iterable[_Union[_run_pb2.RunStep, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class WatchRunsRequest(_message.Message):
+    __slots__ = ("run_id", "label_selector", "include_steps", "after_revision")
+    class LabelSelectorEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LABEL_SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_REVISION_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    label_selector: _containers.ScalarMap[str, str]
+    include_steps: bool
+    after_revision: int
+    def __init__(self, run_id: _Optional[str] = ..., label_selector: _Optional[_Mapping[str, str]] = ..., include_steps: _Optional[bool] = ..., after_revision: _Optional[int] = ...) -> None: ...
+
+class WatchRunsResponse(_message.Message):
+    __slots__ = ("type", "revision", "run", "step")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    type: RunChangeType
+    revision: int
+    run: _run_pb2.Run
+    step: _run_pb2.RunStep
+    def __init__(self, type: _Optional[_Union[RunChangeType, str]] = ..., revision: _Optional[int] = ..., run: _Optional[_Union[_run_pb2.Run, _Mapping]] = ..., step: _Optional[_Union[_run_pb2.RunStep, _Mapping]] = ...) -> None: ...

@@ -130,6 +130,46 @@ class LedgerServiceStub:
                 request_serializer=agl_dot_v1_dot_ledger__service__pb2.WatchProxyControlRequest.SerializeToString,
                 response_deserializer=agl_dot_v1_dot_ledger__service__pb2.WatchProxyControlResponse.FromString,
                 _registered_method=True)
+        self.CreateRun = channel.unary_unary(
+                '/agl.v1.LedgerService/CreateRun',
+                request_serializer=agl_dot_v1_dot_ledger__service__pb2.CreateRunRequest.SerializeToString,
+                response_deserializer=agl_dot_v1_dot_ledger__service__pb2.CreateRunResponse.FromString,
+                _registered_method=True)
+        self.GetRun = channel.unary_unary(
+                '/agl.v1.LedgerService/GetRun',
+                request_serializer=agl_dot_v1_dot_ledger__service__pb2.GetRunRequest.SerializeToString,
+                response_deserializer=agl_dot_v1_dot_ledger__service__pb2.GetRunResponse.FromString,
+                _registered_method=True)
+        self.ListRuns = channel.unary_unary(
+                '/agl.v1.LedgerService/ListRuns',
+                request_serializer=agl_dot_v1_dot_ledger__service__pb2.ListRunsRequest.SerializeToString,
+                response_deserializer=agl_dot_v1_dot_ledger__service__pb2.ListRunsResponse.FromString,
+                _registered_method=True)
+        self.UpdateRunState = channel.unary_unary(
+                '/agl.v1.LedgerService/UpdateRunState',
+                request_serializer=agl_dot_v1_dot_ledger__service__pb2.UpdateRunStateRequest.SerializeToString,
+                response_deserializer=agl_dot_v1_dot_ledger__service__pb2.UpdateRunStateResponse.FromString,
+                _registered_method=True)
+        self.DeleteRuns = channel.unary_unary(
+                '/agl.v1.LedgerService/DeleteRuns',
+                request_serializer=agl_dot_v1_dot_ledger__service__pb2.DeleteRunsRequest.SerializeToString,
+                response_deserializer=agl_dot_v1_dot_ledger__service__pb2.DeleteRunsResponse.FromString,
+                _registered_method=True)
+        self.ReportRunSteps = channel.unary_unary(
+                '/agl.v1.LedgerService/ReportRunSteps',
+                request_serializer=agl_dot_v1_dot_ledger__service__pb2.ReportRunStepsRequest.SerializeToString,
+                response_deserializer=agl_dot_v1_dot_ledger__service__pb2.ReportRunStepsResponse.FromString,
+                _registered_method=True)
+        self.ListRunSteps = channel.unary_unary(
+                '/agl.v1.LedgerService/ListRunSteps',
+                request_serializer=agl_dot_v1_dot_ledger__service__pb2.ListRunStepsRequest.SerializeToString,
+                response_deserializer=agl_dot_v1_dot_ledger__service__pb2.ListRunStepsResponse.FromString,
+                _registered_method=True)
+        self.WatchRuns = channel.unary_stream(
+                '/agl.v1.LedgerService/WatchRuns',
+                request_serializer=agl_dot_v1_dot_ledger__service__pb2.WatchRunsRequest.SerializeToString,
+                response_deserializer=agl_dot_v1_dot_ledger__service__pb2.WatchRunsResponse.FromString,
+                _registered_method=True)
 
 
 class LedgerServiceServicer:
@@ -266,6 +306,60 @@ class LedgerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateRun(self, request, context):
+        """Creates a run. A run_id that exists returns the stored run unchanged (created = false).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRun(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRuns(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateRunState(self, request, context):
+        """Sets a run's state (RUNNING again reopens an ended run).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteRuns(self, request, context):
+        """Deletes runs and their steps. Unknown ids are ignored. Rollouts are not touched.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportRunSteps(self, request, context):
+        """Stores step metrics of one run atomically; a step reported again merges its metrics into the stored ones.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRunSteps(self, request, context):
+        """Pages through one run's steps in step order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchRuns(self, request, context):
+        """Streams runs (and, when asked, their steps): a snapshot, then every change, each with its run revision.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LedgerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -363,6 +457,46 @@ def add_LedgerServiceServicer_to_server(servicer, server):
                     servicer.WatchProxyControl,
                     request_deserializer=agl_dot_v1_dot_ledger__service__pb2.WatchProxyControlRequest.FromString,
                     response_serializer=agl_dot_v1_dot_ledger__service__pb2.WatchProxyControlResponse.SerializeToString,
+            ),
+            'CreateRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateRun,
+                    request_deserializer=agl_dot_v1_dot_ledger__service__pb2.CreateRunRequest.FromString,
+                    response_serializer=agl_dot_v1_dot_ledger__service__pb2.CreateRunResponse.SerializeToString,
+            ),
+            'GetRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRun,
+                    request_deserializer=agl_dot_v1_dot_ledger__service__pb2.GetRunRequest.FromString,
+                    response_serializer=agl_dot_v1_dot_ledger__service__pb2.GetRunResponse.SerializeToString,
+            ),
+            'ListRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRuns,
+                    request_deserializer=agl_dot_v1_dot_ledger__service__pb2.ListRunsRequest.FromString,
+                    response_serializer=agl_dot_v1_dot_ledger__service__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'UpdateRunState': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateRunState,
+                    request_deserializer=agl_dot_v1_dot_ledger__service__pb2.UpdateRunStateRequest.FromString,
+                    response_serializer=agl_dot_v1_dot_ledger__service__pb2.UpdateRunStateResponse.SerializeToString,
+            ),
+            'DeleteRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRuns,
+                    request_deserializer=agl_dot_v1_dot_ledger__service__pb2.DeleteRunsRequest.FromString,
+                    response_serializer=agl_dot_v1_dot_ledger__service__pb2.DeleteRunsResponse.SerializeToString,
+            ),
+            'ReportRunSteps': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportRunSteps,
+                    request_deserializer=agl_dot_v1_dot_ledger__service__pb2.ReportRunStepsRequest.FromString,
+                    response_serializer=agl_dot_v1_dot_ledger__service__pb2.ReportRunStepsResponse.SerializeToString,
+            ),
+            'ListRunSteps': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRunSteps,
+                    request_deserializer=agl_dot_v1_dot_ledger__service__pb2.ListRunStepsRequest.FromString,
+                    response_serializer=agl_dot_v1_dot_ledger__service__pb2.ListRunStepsResponse.SerializeToString,
+            ),
+            'WatchRuns': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchRuns,
+                    request_deserializer=agl_dot_v1_dot_ledger__service__pb2.WatchRunsRequest.FromString,
+                    response_serializer=agl_dot_v1_dot_ledger__service__pb2.WatchRunsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -879,6 +1013,222 @@ class LedgerService:
             '/agl.v1.LedgerService/WatchProxyControl',
             agl_dot_v1_dot_ledger__service__pb2.WatchProxyControlRequest.SerializeToString,
             agl_dot_v1_dot_ledger__service__pb2.WatchProxyControlResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agl.v1.LedgerService/CreateRun',
+            agl_dot_v1_dot_ledger__service__pb2.CreateRunRequest.SerializeToString,
+            agl_dot_v1_dot_ledger__service__pb2.CreateRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agl.v1.LedgerService/GetRun',
+            agl_dot_v1_dot_ledger__service__pb2.GetRunRequest.SerializeToString,
+            agl_dot_v1_dot_ledger__service__pb2.GetRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agl.v1.LedgerService/ListRuns',
+            agl_dot_v1_dot_ledger__service__pb2.ListRunsRequest.SerializeToString,
+            agl_dot_v1_dot_ledger__service__pb2.ListRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateRunState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agl.v1.LedgerService/UpdateRunState',
+            agl_dot_v1_dot_ledger__service__pb2.UpdateRunStateRequest.SerializeToString,
+            agl_dot_v1_dot_ledger__service__pb2.UpdateRunStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agl.v1.LedgerService/DeleteRuns',
+            agl_dot_v1_dot_ledger__service__pb2.DeleteRunsRequest.SerializeToString,
+            agl_dot_v1_dot_ledger__service__pb2.DeleteRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportRunSteps(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agl.v1.LedgerService/ReportRunSteps',
+            agl_dot_v1_dot_ledger__service__pb2.ReportRunStepsRequest.SerializeToString,
+            agl_dot_v1_dot_ledger__service__pb2.ReportRunStepsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRunSteps(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agl.v1.LedgerService/ListRunSteps',
+            agl_dot_v1_dot_ledger__service__pb2.ListRunStepsRequest.SerializeToString,
+            agl_dot_v1_dot_ledger__service__pb2.ListRunStepsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/agl.v1.LedgerService/WatchRuns',
+            agl_dot_v1_dot_ledger__service__pb2.WatchRunsRequest.SerializeToString,
+            agl_dot_v1_dot_ledger__service__pb2.WatchRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,
