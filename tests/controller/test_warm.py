@@ -141,16 +141,25 @@ async def test_a_killed_launcher_fails_its_rollouts_and_is_restarted_without_lau
     stack: Stack, ledger: LedgerClient, tmp_path: Path
 ) -> None:
     marks = tmp_path / "marks.txt"
+    pid_file = tmp_path / "family.pids"
     mark_env = {"env_map": {"MARKS": "input.marks"}, "input_value": {"marks": str(marks)}}
+    family_env = {"env_map": {"PID_FILE": "input.pid_file"}, "input_value": {"pid_file": str(pid_file)}}
     with run_controller(stack, tmp_path) as controller:
-        hanging = await ledger.create_rollouts([spec(agent_class=f"{WARM}:HangAgent", **mark_env) for _ in range(2)])
+        hanging = await ledger.create_rollouts(
+            [spec(agent_class=f"{WARM}:HangAgent", **mark_env) for _ in range(2)]
+            + [spec(agent_class=f"{WARM}:FamilyAgent", **family_env)]
+        )
         await _wait_marked(marks, 2)
+        while not pid_file.exists():
+            await asyncio.sleep(0.05)
+        # Two agents, and one with children that ignore SIGTERM and a grandchild, all in their own groups.
         agents = [json.loads((controller.log_dir / f"{r.rollout_id}.pid").read_text())["pid"] for r in hanging]
+        family = [int(p) for p in pid_file.read_text().split()]
         [launcher] = {launcher_of(controller.log_dir, r.rollout_id) for r in hanging}
         assert launcher is not None
         os.kill(launcher, signal.SIGKILL)
         done = await wait_for(ledger, [r.rollout_id for r in hanging])
-        assert await wait_gone(agents) == []
+        assert await wait_gone([*agents, *family]) == []
         [after] = await ledger.create_rollouts([spec(agent_class=f"{WARM}:MarkAgent", **mark_env)])
         later = (await wait_for(ledger, [after.rollout_id]))[after.rollout_id]
         new_launcher = launcher_of(controller.log_dir, after.rollout_id)
@@ -162,8 +171,9 @@ async def test_a_killed_launcher_fails_its_rollouts_and_is_restarted_without_lau
         assert "killed by SIGKILL" in rollout.status.error_message
     assert later.status.state == SUCCEEDED, later.status.error_message
     assert new_launcher is not None and new_launcher != launcher
+    assert len(family) >= 4
     assert metric(metrics, "agl_controller_launcher_restarts_total") == 1
-    assert metric(metrics, 'agl_controller_failed_total{reason="launcher_died"}') == 2
+    assert metric(metrics, 'agl_controller_failed_total{reason="launcher_died"}') == 3
     lines = [line.split() for line in marks.read_text().splitlines()]
     assert sorted(label for label, _, _ in lines) == ["hang", "hang", "mark"]
     assert len({url for _, url, _ in lines}) == 3  # one launch per attempt, none repeated
