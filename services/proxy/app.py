@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from services.client import LedgerClient
 
-from . import serving
+from . import anthropic_messages, openai_responses, serving
 from .auth import Authorizer, presented_key
 from .background import stop_tasks
 from .calls import ModelCalls, Reply, StreamSession
@@ -36,6 +36,7 @@ from .recording import agent_event
 from .retry import RetryPolicy
 from .rewrite import CHAT, COMPLETIONS, MODES, RewriteSettings, parse_body
 from .routing import RoutingTable
+from .translation import Dialect
 from .upstream import Upstream
 
 log = logging.getLogger(__name__)
@@ -192,13 +193,13 @@ def create_app(config: ProxyConfig) -> Starlette:
         proxy.auth.require_rollout(presented_key(request.headers), params["rollout_id"], params["attempt_id"])
         return params["rollout_id"], params["attempt_id"]
 
-    async def model_call(request: Request, api: str) -> Response:
+    async def model_call(request: Request, api: str, dialect: Dialect | None = None) -> Response:
         rollout_id, attempt_id = scope_ids(request)
         mode = request.path_params["mode"]
         if mode not in MODES:
             raise ProxyError("not_found", f"Unknown mode {mode!r}: use train or val.")
         raw = await _read_body(request, config.max_body_bytes)
-        outcome = await proxy.calls.handle(rollout_id, attempt_id, mode, api, raw)
+        outcome = await proxy.calls.handle(rollout_id, attempt_id, mode, api, raw, dialect)
         if isinstance(outcome, Reply):
             return Response(outcome.body, status_code=outcome.status, headers=outcome.headers)
         return ProxyStream(outcome)
@@ -208,6 +209,21 @@ def create_app(config: ProxyConfig) -> Starlette:
 
     async def completions(request: Request) -> Response:
         return await model_call(request, COMPLETIONS)
+
+    async def translated_call(request: Request, dialect: Dialect) -> Response:
+        """A call in another agent API: every error is answered in that API's own error shape."""
+        try:
+            return await model_call(request, dialect.api, dialect)
+        except ProxyError as err:
+            note_error(request, err)
+            body = dialect.error_body(err.body(), err.status)
+            return JSONResponse(body, status_code=err.status, headers=err.headers)
+
+    async def messages(request: Request) -> Response:
+        return await translated_call(request, anthropic_messages.DIALECT)
+
+    async def responses(request: Request) -> Response:
+        return await translated_call(request, openai_responses.DIALECT)
 
     async def models(request: Request) -> Response:
         scope_ids(request)
@@ -270,11 +286,14 @@ def create_app(config: ProxyConfig) -> Starlette:
         )
         return JSONResponse(result)
 
-    async def proxy_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ProxyError)
+    def note_error(request: Request, exc: ProxyError) -> None:
         proxy.metrics.rejected.labels(exc.kind).inc()
         if exc.status >= 500:
             log.warning("%s %s -> %d %s", request.method, request.url.path, exc.status, exc.message)
+
+    async def proxy_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ProxyError)
+        note_error(request, exc)
         return _error_response(exc)
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -295,6 +314,8 @@ def create_app(config: ProxyConfig) -> Starlette:
         Route(f"{_PREFIX}/chat/completions", chat, methods=["POST"]),
         Route(f"{_PREFIX}/completions", completions, methods=["POST"]),
         Route(f"{_PREFIX}/models", models, methods=["GET"]),
+        Route(f"{_PREFIX}/messages", messages, methods=["POST"]),
+        Route(f"{_PREFIX}/responses", responses, methods=["POST"]),
         Route("/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", events, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

@@ -29,6 +29,7 @@ from .recording import ERROR, INCOMPLETE, OK, CallRecord, model_request_event
 from .rewrite import CHAT, RewriteSettings, dumps, loads_lenient, parse_body, rewrite, validate
 from .routing import Endpoint, RoutingTable
 from .sse import DONE, SSESplitter
+from .translation import Dialect, StreamTranslator
 from .upstream import Upstream, close_response
 
 log = logging.getLogger(__name__)
@@ -76,9 +77,17 @@ class ModelCalls:
         self._id_prefix = uuid.uuid4().hex
         self._id_counter = itertools.count()
 
-    async def handle(self, rollout_id: str, attempt_id: str, mode: str, api: str, raw: bytes) -> Reply | StreamSession:
-        body = parse_body(raw)
-        validate(body, api)
+    async def handle(
+        self, rollout_id: str, attempt_id: str, mode: str, api: str, raw: bytes, dialect: Dialect | None = None
+    ) -> Reply | StreamSession:
+        """One call of `api`; with a dialect, `api` is the agent's API, translated to and from chat completions."""
+        body = agent_body = parse_body(raw)
+        engine_api = api
+        if dialect is None:
+            validate(body, api)
+        else:
+            body, engine_api = dialect.to_chat(body), CHAT
+            validate(body, CHAT)
         self.coordinator.enter()
         handed_over = False
         try:
@@ -88,12 +97,12 @@ class ModelCalls:
                 raise ProxyError(
                     "no_endpoint", f"No engine endpoint is registered for model {self.settings.model_name}."
                 )
-            upstream_body = rewrite(body, api, mode, self.settings)
+            upstream_body = rewrite(body, engine_api, mode, self.settings)
             request_bytes = dumps(upstream_body, "The request body")
             stream = bool(upstream_body.get("stream"))
             call = _Call(rollout_id, attempt_id, api, request_bytes.decode(), time.perf_counter(), stream)
             result = await self.upstream.call(
-                endpoints, API_PATHS[api], request_bytes, stream=stream, rollout_id=rollout_id
+                endpoints, API_PATHS[engine_api], request_bytes, stream=stream, rollout_id=rollout_id
             )
             if result.retries:
                 self.metrics.upstream_retries.inc(result.retries)
@@ -105,12 +114,13 @@ class ModelCalls:
             assert response is not None
             if stream and response.status_code < 300:
                 handed_over = True
-                return StreamSession(self, call, response, result.endpoint, result.retries)
+                translator = None if dialect is None else dialect.stream(agent_body)
+                return StreamSession(self, call, response, result.endpoint, result.retries, translator)
             content = response.content
             capture, status = Capture(model=self.settings.model_name), ERROR
             if response.status_code < 300:
                 try:
-                    capture, status = capture_response(loads_lenient(content), api), OK
+                    capture, status = capture_response(loads_lenient(content), engine_api), OK
                 except ValueError:
                     log.warning("rollout %s: engine answered %d with a body that is not JSON", rollout_id, 200)
             await self.record(
@@ -122,6 +132,8 @@ class ModelCalls:
                 status,
                 capture,
             )
+            if dialect is not None:
+                return _translated_reply(dialect, agent_body, response.status_code, content, status)
             headers = {"content-type": response.headers.get("content-type", "application/json")}
             return Reply(response.status_code, content, headers)
         finally:
@@ -178,6 +190,23 @@ class ModelCalls:
             )
 
 
+def _translated_reply(dialect: Dialect, request: dict, http_status: int, content: bytes, status: int) -> Reply:
+    """The agent API's answer for the engine's chat answer (already recorded)."""
+    if status == OK:
+        return Reply(http_status, orjson.dumps(dialect.from_chat(loads_lenient(content), request)))
+    if http_status < 300:
+        raise ProxyError("upstream_unreachable", "The engine answered with a body that is not JSON.")
+    try:
+        body = loads_lenient(content)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        body = {
+            "error": {"message": content.decode("utf-8", "replace")[:2000] or f"The engine answered {http_status}."}
+        }
+    return Reply(http_status, orjson.dumps(dialect.error_body(body, http_status)))
+
+
 def _sse_error(err: ProxyError) -> bytes:
     return b"data: " + json.dumps(err.body()).encode() + b"\n\n"
 
@@ -189,13 +218,23 @@ class StreamSession:
     cancels `run`, which then records what it had with status INCOMPLETE.
     """
 
-    def __init__(self, calls: ModelCalls, call: _Call, response: httpx.Response, endpoint: Endpoint, retries: int):
+    def __init__(
+        self,
+        calls: ModelCalls,
+        call: _Call,
+        response: httpx.Response,
+        endpoint: Endpoint,
+        retries: int,
+        translator: StreamTranslator | None = None,
+    ):
         self._calls = calls
         self._call = call
         self._response = response
         self._endpoint = endpoint
         self._retries = retries
-        self.assembler = StreamAssembler(call.api)
+        # With a translator the engine's chat chunks reach the agent translated into its own API's events.
+        self._translator = translator
+        self.assembler = StreamAssembler(CHAT if translator is not None else call.api)
 
     async def run(self, send: Callable[[bytes], Awaitable[None]]) -> None:
         splitter = SSESplitter()
@@ -205,6 +244,7 @@ class StreamSession:
         kind = self._response.headers.get("content-type", "")
         # Not an event stream (an engine that ignored `stream`): its body is what the event records.
         other: list[bytes] | None = None if kind.startswith("text/event-stream") else []
+        translator = self._translator
         try:
             try:
                 # aiter_bytes, not aiter_raw: an answer with a Content-Length (not a stream after all) comes from
@@ -217,9 +257,11 @@ class StreamSession:
                         if event.data == DONE:
                             done = True
                             continue
-                        if event.data:
-                            self._feed(event.data)
-                        out.append(event.raw)
+                        chunk = self._feed(event.data) if event.data else None
+                        if translator is None:
+                            out.append(event.raw)
+                        elif chunk is not None:
+                            out.append(translator.feed(chunk))
                     if out:
                         await send(b"".join(out))
             except httpx.HTTPError as err:
@@ -239,16 +281,17 @@ class StreamSession:
             await self._after_disconnect(recording)
             return
         except ProxyError as err:
-            await send(_sse_error(err))
+            await send(_sse_error(err) if translator is None else translator.error(err))
             return
         finally:
             await close_response(self._response)
             self._calls.coordinator.leave()
         if failure is not None:
             log.warning("rollout %s: engine stream failed: %s", self._call.rollout_id, failure)
-            await send(_sse_error(ProxyError("upstream_unreachable", f"The engine stream failed: {failure}")))
+            err = ProxyError("upstream_unreachable", f"The engine stream failed: {failure}")
+            await send(_sse_error(err) if translator is None else translator.error(err))
             return
-        await send(b"data: [DONE]\n\n")
+        await send(b"data: [DONE]\n\n" if translator is None else translator.finish(self.assembler.response()))
 
     async def _after_disconnect(self, recording: asyncio.Future[None] | None) -> None:
         """The agent went away: record what was assembled as incomplete (or let a started record finish)."""
@@ -261,13 +304,15 @@ class StreamSession:
         except ProxyError as err:
             log.warning("rollout %s: could not record an interrupted stream: %s", self._call.rollout_id, err.message)
 
-    def _feed(self, data: bytes) -> None:
+    def _feed(self, data: bytes) -> dict | None:
         try:
             chunk = loads_lenient(data)
         except ValueError:
-            return
+            return None
         if isinstance(chunk, dict):
             self.assembler.feed(chunk)
+            return chunk
+        return None
 
     async def _record(self, status: int, body: str | None = None) -> None:
         """Records the call: with the assembled stream as its response, or with `body` when given."""
