@@ -1,0 +1,181 @@
+"""The OpenAI Responses API through the proxy with the official `openai` SDK: answers parse (output_text, function
+calls), a tool round trip with function_call_output items, streams as Responses events (also through the SDK's
+stream helper, which checks their order), errors in OpenAI's shape, and every call recorded with the engine's
+token ids and log-probs before the answer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+
+from services._gen.agl.v1 import event_pb2
+
+from .conftest import KEY, MODEL, Http, base_url, engine_requests, new_rollout, set_engine
+from .test_messages_api import assert_engine_tokens, recorded_calls
+
+CALCULATOR = {
+    "type": "function",
+    "name": "calculator",
+    "description": "Evaluates an arithmetic expression.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+}
+
+
+def sdk(proxy: Http, rollout_id: str, **kwargs: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url(proxy, rollout_id), api_key=kwargs.pop("api_key", KEY), max_retries=0)
+
+
+async def test_text_answer_is_a_response_and_recorded_with_the_engines_tokens(
+    proxy: Http, engine: Http, client
+) -> None:
+    rollout_id = await new_rollout(client)
+    with sdk(proxy, rollout_id) as agent:
+        response = agent.responses.create(
+            model="gpt-5", instructions="Be terse.", input="What is 6 * 7?", max_output_tokens=64, store=False
+        )
+        (recorded,) = await recorded_calls(client, rollout_id)  # recorded before the answer
+    assert response.object == "response" and response.status == "completed"
+    assert response.output_text == "The answer is 42." and response.model == MODEL
+    assert [item.type for item in response.output] == ["message"]
+    assert response.usage is not None and response.usage.output_tokens == len(recorded.response_token_ids)
+    assert response.usage.input_tokens == len(recorded.prompt_token_ids)
+    assert_engine_tokens(recorded)
+    assert recorded.api == "openai.responses" and not recorded.stream
+    sent = engine_requests(engine)["received"][-1]
+    assert sent["path"] == "/v1/chat/completions"
+    assert sent["body"]["messages"] == [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "What is 6 * 7?"},
+    ]
+    assert sent["body"]["max_tokens"] == 64 and sent["body"]["return_token_ids"] is True
+    assert json.loads(recorded.request_json) == sent["body"]
+
+
+async def test_function_call_round_trip(proxy: Http, engine: Http, client) -> None:
+    rollout_id = await new_rollout(client)
+    question = [{"role": "user", "content": [{"type": "input_text", "text": "What is 6 * 7?"}]}]
+    with sdk(proxy, rollout_id) as agent:
+        first = agent.responses.create(model="m", input=question, tools=[CALCULATOR])
+        (call,) = first.output
+        assert call.type == "function_call" and call.name == "calculator"
+        assert json.loads(call.arguments) == {"expression": "6 * 7"}
+        follow_up = [
+            *question,
+            {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+            {"type": "function_call_output", "call_id": call.call_id, "output": "42"},
+        ]
+        second = agent.responses.create(model="m", input=follow_up, tools=[CALCULATOR], tool_choice="auto")
+    assert second.output_text == "The answer is 42."
+    sent = engine_requests(engine)["received"][-1]["body"]
+    assert sent["tools"][0]["function"]["name"] == "calculator" and sent["tool_choice"] == "auto"
+    assistant, tool = sent["messages"][1:]
+    assert assistant["role"] == "assistant" and assistant["tool_calls"][0]["id"] == call.call_id
+    assert tool == {"role": "tool", "tool_call_id": call.call_id, "content": "42"}
+    calls = await recorded_calls(client, rollout_id)
+    assert len(calls) == 2 and calls[0].finish_reason == "tool_calls"
+    for recorded in calls:
+        assert_engine_tokens(recorded)
+
+
+async def test_developer_turns_forced_tools_and_json_schema_are_translated(proxy: Http, engine: Http, client) -> None:
+    rollout_id = await new_rollout(client)
+    schema = {"type": "object", "properties": {"answer": {"type": "number"}}}
+    with sdk(proxy, rollout_id) as agent:
+        agent.responses.create(
+            model="m",
+            input=[{"role": "developer", "content": "Use tools."}, {"role": "user", "content": "What is 6 * 7?"}],
+            tools=[CALCULATOR],
+            tool_choice={"type": "function", "name": "calculator"},
+            text={"format": {"type": "json_schema", "name": "result", "schema": schema, "strict": True}},
+            temperature=0.2,
+            top_p=0.9,
+        )
+        sent = engine_requests(engine)["received"][-1]["body"]
+        cut = agent.responses.create(model="m", input="What is 6 * 7?", max_output_tokens=3)
+    assert sent["messages"][0] == {"role": "system", "content": "Use tools."}
+    assert sent["tool_choice"] == {"type": "function", "function": {"name": "calculator"}}
+    assert sent["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "result", "schema": schema, "strict": True},
+    }
+    assert sent["top_p"] == 0.9 and sent["temperature"] == 1.0  # the proxy's train temperature wins
+    assert cut.status == "incomplete" and cut.incomplete_details is not None
+    assert cut.incomplete_details.reason == "max_output_tokens"
+
+
+async def test_stream_arrives_as_responses_events_and_is_recorded_whole(proxy: Http, engine: Http, client) -> None:
+    rollout_id = await new_rollout(client)
+    agent = sdk(proxy, rollout_id)
+    with agent, agent.responses.stream(model="m", input="What is 6 * 7?") as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    (recorded,) = await recorded_calls(client, rollout_id)
+    assert len(deltas) > 3 and "".join(deltas) == "The answer is 42."
+    assert final.output_text == "The answer is 42." and final.status == "completed"
+    assert final.usage is not None and final.usage.output_tokens == len(recorded.response_token_ids)
+    assert_engine_tokens(recorded)
+    assert recorded.stream and recorded.api == "openai.responses"
+
+    with sdk(proxy, rollout_id) as agent:
+        events = list(agent.responses.create(model="m", input="What is 6 * 7?", stream=True))
+    kinds = [event.type for event in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    added, done = events[2], events[-2]
+    assert added.item.id == done.item.id == events[-1].response.output[0].id
+
+
+async def test_streamed_function_call(proxy: Http, client) -> None:
+    rollout_id = await new_rollout(client)
+    agent = sdk(proxy, rollout_id)
+    with agent, agent.responses.stream(model="m", input="What is 6 * 7?", tools=[CALCULATOR]) as stream:
+        arguments = [event.delta for event in stream if event.type == "response.function_call_arguments.delta"]
+        final = stream.get_final_response()
+    (call,) = final.output
+    assert call.type == "function_call" and call.name == "calculator" and call.status == "completed"
+    assert json.loads(call.arguments) == {"expression": "6 * 7"} and "".join(arguments) == call.arguments
+    (recorded,) = await recorded_calls(client, rollout_id)
+    assert_engine_tokens(recorded)
+
+
+async def test_errors_come_in_openais_shape(proxy: Http, engine: Http, client) -> None:
+    rollout_id = await new_rollout(client)
+    with sdk(proxy, rollout_id) as agent:
+        with pytest.raises(openai.BadRequestError) as chained:
+            agent.responses.create(model="m", input="hi", previous_response_id="resp_123")
+        assert "send the whole conversation" in chained.value.body["message"]
+        with pytest.raises(openai.BadRequestError) as builtin:
+            agent.responses.create(model="m", input="hi", tools=[{"type": "web_search"}])
+        assert "only function tools" in builtin.value.body["message"]
+        with pytest.raises(openai.BadRequestError) as empty:
+            agent.responses.create(model="m", input=[])
+        assert empty.value.body["code"] == "invalid_request"
+        assert await recorded_calls(client, rollout_id) == []
+        set_engine(engine, fail_next=1, fail_status=400)
+        try:
+            with pytest.raises(openai.BadRequestError) as refused:
+                agent.responses.create(model="m", input="hi")
+        finally:
+            set_engine(engine, fail_next=0, fail_status=503)
+    assert refused.value.body["message"] == "Engine temporarily failing."
+    (recorded,) = await recorded_calls(client, rollout_id)
+    assert recorded.status == event_pb2.MODEL_REQUEST_STATUS_ERROR and recorded.api == "openai.responses"
+    with sdk(proxy, "ro-never-created") as agent, pytest.raises(openai.NotFoundError) as missing:
+        agent.responses.create(model="m", input="hi")
+    assert missing.value.body["code"] == "rollout_not_found"
+    with sdk(proxy, rollout_id, api_key="wrong") as agent, pytest.raises(openai.AuthenticationError):
+        agent.responses.create(model="m", input="hi")
