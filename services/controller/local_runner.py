@@ -32,7 +32,14 @@ from .metrics import ControllerMetrics
 from .outcome import LAUNCHER_DIED, SPAWN_ERROR, VANISHED, ConfigError, Outcome, exit_outcome, timed_out
 from .runner import LaunchPlan, template_context, timeout_of
 from .running_notices import RunningNotices
-from .warm_launcher import LauncherDied, LauncherSettings, LauncherUnavailable, LaunchRefused, WarmLauncher
+from .warm_launcher import (
+    LauncherDied,
+    LauncherGone,
+    LauncherSettings,
+    LauncherUnavailable,
+    LaunchRefused,
+    WarmLauncher,
+)
 
 log = logging.getLogger(__name__)
 
@@ -225,26 +232,36 @@ class LocalRunner:
         """Forked by the module's launcher. Raises LauncherUnavailable when nothing was forked (run it fresh)."""
         assert self._pool is not None
         module = launch.agent_class.partition(":")[0]
-        try:
-            launcher = await asyncio.wait_for(self._pool.acquire(module), plan.timeout_s)
-        except TimeoutError:
-            reason = f"(the launcher was still importing {module}; log: {self._log_dir / 'launchers'})"
-            return timed_out(plan.timeout_s, reason)
         where = f"(log: {launch.log_path})"
-        header = f"{_HEADER}{plan.rollout_id} attempt {plan.attempt_id}: {launch.agent_class} "
-        header += f"(warm launch by launcher pid {launcher.pid})\n"
         self._expect_running(plan, WARM, claimed)
-        try:
-            pid = await launcher.launch(plan.attempt_id, launch.agent_class, launch.env, launch.log_path, header)
-        except LaunchRefused as err:
-            self._forget(plan)
-            self._pool.refused(launcher, str(err))
-            raise LauncherUnavailable(f"launcher refused: {err}") from err
-        except LauncherDied as err:
-            self._forget(plan)
-            self._pool.released(launcher)
-            reason = f"agent launcher died before confirming the launch ({err}); not launched again {where}"
-            return Outcome.failure(LAUNCHER_DIED, reason)
+        for tries_left in (1, 0):
+            try:
+                launcher = await asyncio.wait_for(self._pool.acquire(module), plan.timeout_s)
+            except TimeoutError:
+                self._forget(plan)
+                reason = f"(the launcher was still importing {module}; log: {self._log_dir / 'launchers'})"
+                return timed_out(plan.timeout_s, reason)
+            except LauncherUnavailable:
+                self._forget(plan)
+                raise
+            header = f"{_HEADER}{plan.rollout_id} attempt {plan.attempt_id}: {launch.agent_class} "
+            header += f"(warm launch by launcher pid {launcher.pid})\n"
+            try:
+                pid = await launcher.launch(plan.attempt_id, launch.agent_class, launch.env, launch.log_path, header)
+                break
+            except LauncherGone as err:  # died or retired since acquire(): nothing was sent, so ask again
+                if not tries_left:
+                    self._forget(plan)
+                    raise LauncherUnavailable(str(err)) from err
+            except LaunchRefused as err:
+                self._forget(plan)
+                self._pool.refused(launcher, str(err))
+                raise LauncherUnavailable(f"launcher refused: {err}") from err
+            except LauncherDied as err:
+                self._forget(plan)
+                self._pool.released(launcher)
+                reason = f"agent launcher died before confirming the launch ({err}); not launched again {where}"
+                return Outcome.failure(LAUNCHER_DIED, reason)
         self._write_pid(launch.pid_path, pid, plan.attempt_id)
         log.info("rollout %s: attempt %s forked as pid %d", plan.rollout_id, plan.attempt_id, pid)
         self._metrics.agent_launches.labels(WARM).inc()

@@ -40,6 +40,10 @@ class LaunchRefused(LauncherError):
     """The launcher answered that it forked nothing for this launch: it is safe to launch it elsewhere."""
 
 
+class LauncherGone(LaunchRefused):
+    """The launcher was dead or closing before the request was sent: ask the pool for a new one."""
+
+
 class LauncherDied(LauncherError):
     """The launcher is gone; whatever it had not answered is lost (and its children were killed)."""
 
@@ -151,7 +155,7 @@ class WarmLauncher:
     async def launch(self, launch_id: str, spec: str, env: Mapping[str, str], log_path: Path, header: str) -> int:
         """Asks for one child; returns its pid. Raises LaunchRefused (nothing forked) or LauncherDied."""
         if self.dead or self.closing or self._writer is None:
-            raise LaunchRefused(f"launcher for {self.module} is {'dead' if self.dead else 'closing'}")
+            raise LauncherGone(f"launcher for {self.module} is {'dead' if self.dead else 'closing'}")
         loop = asyncio.get_running_loop()
         child = _Child(loop.create_future(), loop.create_future())
         self._children[launch_id] = child
