@@ -1,0 +1,57 @@
+"""The `agl` argument parser and the dispatch: one handler per subcommand, ledger errors as one-line messages."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+import grpc
+
+from services.client import LedgerClient, RetryPolicy
+
+from . import errors, ops, rollouts, runs
+from .config import add_global_flags, from_args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agl",
+        description="Look at and steer an AGL ledger: rollouts, runs, models and the proxies.",
+        epilog="exit codes: 0 ok, 1 failure, 2 bad usage or unknown id, 3 ledger unreachable, 4 key refused, "
+        "5 timed out",
+    )
+    add_global_flags(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    rollouts.add_parsers(sub)
+    runs.add_parsers(sub)
+    ops.add_parsers(sub)
+    return parser
+
+
+async def run(args: argparse.Namespace) -> int:
+    config = from_args(args)
+    # Few quick retries: a person at a shell wants to hear that the ledger is down, not wait for it.
+    retry = RetryPolicy(attempts=2, initial_backoff_s=0.1, max_backoff_s=0.2)
+    client = LedgerClient(config.ledger, config.key, retry=retry, call_timeout_s=config.timeout_s)
+    try:
+        return await args.handler(client, args)
+    except grpc.aio.AioRpcError as err:
+        raise errors.from_rpc(err, config.ledger) from None
+    finally:
+        await client.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return asyncio.run(run(args))
+    except errors.CliError as exc:
+        print(f"agl: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `agl rollouts | head`
+        return 0
