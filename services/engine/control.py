@@ -157,6 +157,16 @@ class EngineControl:
         log.info("engine %s reloaded weights from %s in %.3fs", self.url, weights_dir, seconds)
         return Reload(weights_dir=weights_dir, seconds=seconds, method=self._reload_method)
 
+    async def push_weights(self, weights_dir: str | os.PathLike[str], version: str | int | None = None) -> Reload:
+        """One weight update as the trainer does it: reload, drop the prefix cache (KV computed with the old
+        weights), then label the weights with `version` if given. Pause the engine or drain the proxies around
+        it; a refusal at any step raises EngineError and the later steps are not taken."""
+        reload = await self.reload_weights(weights_dir)
+        await self.reset_prefix_cache()
+        if version is not None:
+            await self.set_weight_version(version)
+        return reload
+
     async def reset_prefix_cache(self, attempts: int = 20, interval_s: float = 0.05) -> None:
         """Drops cached prefixes (computed with old weights). vLLM refuses while running requests hold blocks:
         retried, then EngineError."""

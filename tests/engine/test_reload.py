@@ -121,3 +121,19 @@ async def test_another_models_weights_fail_and_the_old_weights_keep_serving(
         assert caught.value.status == 500
         assert await control.health()
     assert max_diff(scored(engine, prompt_ids, response_ids), before) < TOLERANCE
+
+
+async def test_push_weights_reloads_resets_and_labels(base_restored: Engine, tmp_path: Path) -> None:
+    engine = base_restored
+    prompt_ids, response_ids, before = sample(engine)
+    weights = write_perturbed_weights(engine.model_dir, tmp_path / "v5", seed=5)
+    async with EngineControl(engine.url) as control:
+        reload = await control.push_weights(weights, version=5)
+        assert reload.weights_dir == str(weights)
+        assert await control.weight_version() == "5"
+        with pytest.raises(EngineError, match="does not exist on the engine's host"):
+            await control.push_weights(tmp_path / "missing", version=6)
+        assert await control.weight_version() == "5"  # a refused push labels nothing
+    after = scored(engine, prompt_ids, response_ids)
+    assert max_diff(after, reference_logprobs(engine.model_dir, weights, prompt_ids, response_ids)) < TOLERANCE
+    assert max_diff(after, before) > 0.01
