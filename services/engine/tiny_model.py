@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 EOS_TOKEN = "<|im_end|>"
@@ -25,15 +26,27 @@ CHAT_TEMPLATE = (
 RECIPE_FILE = "agl_tiny_model.json"
 
 
-def build_tokenizer():  # type: ignore[no-untyped-def]
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+def build_tokenizer(corpus: Sequence[str] = (), vocab_size: int = 512):  # type: ignore[no-untyped-def]
+    """Byte-level tokenizer. With a corpus, BPE merges are learned from it (digits always stay single
+    tokens, so numbers are spelled digit by digit): a task's fixed text (a system prompt, a question
+    template) then costs a few tokens instead of one per byte, which is most of the compute on CPU."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    core = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    if corpus:
+        core = Tokenizer(models.BPE())
+        core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, initial_alphabet=alphabet, special_tokens=list(SPECIAL_TOKENS), show_progress=False
+        )
+        core.train_from_iterator(list(corpus), trainer=trainer)
+    else:
+        core = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+        core.pre_tokenizer = byte_level
+        core.add_special_tokens(list(SPECIAL_TOKENS))
     core.decoder = decoders.ByteLevel()
-    core.add_special_tokens(list(SPECIAL_TOKENS))
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, bos_token=None, unk_token=None
     )
@@ -41,8 +54,11 @@ def build_tokenizer():  # type: ignore[no-untyped-def]
     return tokenizer
 
 
-def build_tiny_model(out_dir: Path | str, *, hidden: int = 128, layers: int = 4, seed: int = 0) -> Path:
-    """Writes tokenizer, config and random weights to out_dir; returns it. Deterministic for a given seed."""
+def build_tiny_model(
+    out_dir: Path | str, *, hidden: int = 128, layers: int = 4, seed: int = 0, corpus: Sequence[str] = ()
+) -> Path:
+    """Writes tokenizer, config and random weights to out_dir; returns it. Deterministic for a given seed
+    and corpus (see build_tokenizer)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -50,7 +66,7 @@ def build_tiny_model(out_dir: Path | str, *, hidden: int = 128, layers: int = 4,
         raise ValueError(f"hidden={hidden}: must be a multiple of 64 (the head size)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(corpus)
     tokenizer.save_pretrained(out)
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     config = Qwen2Config(
@@ -74,7 +90,14 @@ def build_tiny_model(out_dir: Path | str, *, hidden: int = 128, layers: int = 4,
     model.generation_config.eos_token_id = eos_id
     model.save_pretrained(out, safe_serialization=True)
     params = sum(p.numel() for p in model.parameters())
-    recipe = {"hidden": hidden, "layers": layers, "seed": seed, "parameters": params, "warm_start": None}
+    recipe = {
+        "hidden": hidden,
+        "layers": layers,
+        "seed": seed,
+        "vocab": len(tokenizer),
+        "parameters": params,
+        "warm_start": None,
+    }
     (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
     return out
 

@@ -15,22 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from services._gen.agl.v1 import model_pb2
 from services.client import LedgerClient
+from services.engine.control import EngineControl, EngineError
 
 log = logging.getLogger(__name__)
 
 
 class EnginePushError(RuntimeError):
-    """An engine did not take the new weights."""
-
-
-def admin_base(endpoint: str) -> str:
-    """The engine's root URL from its registered OpenAI base URL ("http://h:p/v1" -> "http://h:p")."""
-    base = endpoint.rstrip("/")
-    return base[: -len("/v1")] if base.endswith("/v1") else base
+    """An engine did not take the new weights, or there is no engine to push to."""
 
 
 @dataclass(frozen=True)
@@ -50,23 +43,13 @@ async def registered_endpoints(ledger: LedgerClient, model_name: str) -> list[mo
     return endpoints
 
 
-async def _post(client: httpx.AsyncClient, url: str, body: dict | None = None) -> None:
+async def _push_one(endpoint: str, weights_dir: Path, version: int, timeout_s: float) -> float:
     try:
-        reply = await client.post(url, json=body)
-    except httpx.HTTPError as err:
-        raise EnginePushError(f"{url}: {type(err).__name__}: {err}") from err
-    if reply.status_code >= 400:
-        raise EnginePushError(f"{url}: HTTP {reply.status_code}: {reply.text[:500]}")
-
-
-async def reload_engine(client: httpx.AsyncClient, endpoint: str, weights_dir: Path, version: int) -> float:
-    started = time.perf_counter()
-    base = admin_base(endpoint)
-    body = {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}}
-    await _post(client, f"{base}/collective_rpc", body)
-    await _post(client, f"{base}/reset_prefix_cache")
-    await _post(client, f"{base}/update_weight_version", {"new_version": str(version)})
-    return time.perf_counter() - started
+        async with EngineControl(endpoint, timeout_s=timeout_s) as engine:
+            reload = await engine.push_weights(weights_dir, version)
+    except EngineError as err:
+        raise EnginePushError(str(err)) from err
+    return reload.seconds
 
 
 async def push_weights(
@@ -81,8 +64,7 @@ async def push_weights(
     """Reloads every registered engine of the model from weights_dir, then records `version` on them."""
     started = time.perf_counter()
     targets = list(endpoints) if endpoints is not None else await registered_endpoints(ledger, model_name)
-    async with httpx.AsyncClient(timeout=timeout_s) as client:
-        seconds = await asyncio.gather(*(reload_engine(client, e.endpoint, weights_dir, version) for e in targets))
+    seconds = await asyncio.gather(*(_push_one(e.endpoint, weights_dir, version, timeout_s) for e in targets))
     await ledger.register_models(
         [model_pb2.ModelEndpoint(model_name=model_name, endpoint=e.endpoint, version=version) for e in targets]
     )

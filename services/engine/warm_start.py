@@ -1,0 +1,83 @@
+"""A short supervised warm start for the tiny model: next-token loss on the answer tokens only.
+
+RL needs a policy that is sometimes right: a random model never earns a reward. A few hundred Adam steps on
+the task's (prompt, answer) pairs make a partly right policy in seconds on 2 cores; RL then sharpens it.
+Prompts are rendered with the model's own chat template, exactly as the engine renders the agent's calls.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .tiny_model import EOS_TOKEN, RECIPE_FILE
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class WarmStartResult:
+    steps: int
+    loss: float
+    seconds: float
+
+
+def _encode(tokenizer: Any, messages: Messages, answer: str, eos_id: int) -> tuple[list[int], list[int]]:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+    response = tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos_id]
+    return prompt + response, [-100] * len(prompt) + response
+
+
+def warm_start(
+    model_dir: Path | str,
+    examples: Sequence[tuple[Messages, str]],
+    *,
+    steps: int = 300,
+    batch_size: int = 64,
+    lr: float = 2e-3,
+    seed: int = 1,
+    threads: int = 2,
+) -> WarmStartResult:
+    """Trains the model in model_dir in place on (messages, answer) pairs and saves it back."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not examples:
+        raise ValueError("warm start needs at least one example")
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    out = Path(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="sdpa")
+    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    encoded = [_encode(tokenizer, messages, answer, eos_id) for messages, answer in examples]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    rng = random.Random(seed)
+    started = time.perf_counter()
+    loss_value = float("nan")
+    model.train()
+    for _ in range(steps):
+        chosen = [encoded[rng.randrange(len(encoded))] for _ in range(batch_size)]
+        width = max(len(ids) for ids, _ in chosen)
+        pad = tokenizer.pad_token_id
+        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in chosen])
+        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in chosen])
+        attention = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in chosen])
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss_value = float(loss)
+    seconds = time.perf_counter() - started
+    model.save_pretrained(out, safe_serialization=True)
+    recipe_path = out / RECIPE_FILE
+    recipe = json.loads(recipe_path.read_text()) if recipe_path.exists() else {}
+    recipe["warm_start"] = {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, "examples": len(examples)}
+    recipe_path.write_text(json.dumps(recipe, indent=2) + "\n")
+    return WarmStartResult(steps, loss_value, seconds)

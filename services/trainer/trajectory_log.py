@@ -1,0 +1,66 @@
+"""What the agents actually said: every consumed rollout as one JSON line with its decoded text.
+
+The ledger deletes consumed rollouts (it stays bounded), so this file is where a user reads the
+conversations a step trained on: per rollout its step, group, task input, reward and, per model call, the
+prompt and the response decoded with the model's tokenizer, the token counts and the weight version that
+answered. Enabled by `agl.trajectory_log` (a path); off by default.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .triplets import RolloutTrace
+
+Decode = Callable[[Sequence[int]], str]
+
+
+def trajectory_records(
+    step: int, traces: Sequence[RolloutTrace], decode: Decode, inputs: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    records = []
+    for trace in traces:
+        calls = [
+            {
+                "prompt": decode(t.prompt_ids),
+                "response": decode(t.response_ids),
+                "prompt_tokens": len(t.prompt_ids),
+                "response_tokens": len(t.response_ids),
+                "model_version": t.model_version,
+            }
+            for t in trace.triplets
+        ]
+        records.append(
+            {
+                "step": step,
+                "rollout_id": trace.rollout_id,
+                "group_id": trace.group_id,
+                "data_id": trace.data_id,
+                "input": inputs.get(trace.data_id),
+                "reward": trace.reward,
+                "reward_missing": trace.reward_missing,
+                "succeeded": trace.succeeded,
+                "calls": calls,
+            }
+        )
+    return records
+
+
+class TrajectoryLog:
+    """Appends records to a JSONL file (created with its folder)."""
+
+    def __init__(self, path: Path | str, decode: Decode, inputs: Mapping[str, Any]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._decode = decode
+        self._inputs = inputs
+
+    def write(self, step: int, traces: Sequence[RolloutTrace]) -> int:
+        records = trajectory_records(step, traces, self._decode, self._inputs)
+        with self.path.open("a", encoding="utf-8") as out:
+            for record in records:
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        return len(records)
