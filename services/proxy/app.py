@@ -33,6 +33,7 @@ from .errors import ProxyError
 from .gateway import LedgerGateway
 from .metrics import ProxyMetrics
 from .recording import agent_event
+from .rest_routes import RestFacade
 from .retry import RetryPolicy
 from .rewrite import CHAT, COMPLETIONS, MODES, RewriteSettings, parse_body
 from .routing import RoutingTable
@@ -323,6 +324,8 @@ def create_app(config: ProxyConfig) -> Starlette:
         Route("/admin/resume", resume, methods=["POST"]),
         Route("/admin/state", state, methods=["GET"]),
         Route("/admin/drain", drain, methods=["POST"]),
+        # Agent Lightning v1.0's store routes (/api/rollouts..., /api/models) over the ledger's gRPC.
+        *RestFacade(proxy.client, proxy.auth).routes(),
     ]
     app = Starlette(
         routes=routes,

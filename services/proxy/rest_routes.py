@@ -1,0 +1,226 @@
+"""Agent Lightning v1.0's REST routes, served by the proxy over the ledger's gRPC (a thin facade, no state).
+
+v1.0 served its store and its model proxy from one gateway process on one port, so its scripts and trainers use a
+single base URL for both; the proxy is AGL's HTTP face and already holds a master-key ledger client, so it serves
+these routes beside the model routes and a v1.0 script only needs the proxy's URL. Every route needs the master
+key (`Authorization: Bearer` or `x-api-key`). Paths, bodies and status codes are v1.0's: 201 on create (also for
+ids that exist: create is idempotent), 204 on delete (also for ids that do not exist), 404 for an unknown rollout,
+409 for an illegal transition, 422 for a body v1.0 would refuse, errors as {"detail": ...}. The ledger refusing or
+being away maps through one table (503 when it cannot be reached).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
+from services.client import LedgerClient
+
+from .auth import Authorizer, presented_key
+from .rest_shapes import (
+    DEFAULT_ATTEMPT_ID,
+    STATES,
+    ShapeError,
+    event_json,
+    model_endpoint,
+    model_json,
+    rollout_json,
+    rollout_spec,
+    status_patch,
+    terminal_item,
+)
+from .rewrite import loads_lenient
+
+log = logging.getLogger(__name__)
+
+# gRPC status of a failed ledger call -> HTTP status. Anything else is logged and answered 500.
+_STATUS_CODES = {
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.FAILED_PRECONDITION: 409,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.INVALID_ARGUMENT: 422,
+    grpc.StatusCode.OUT_OF_RANGE: 422,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 503,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 503,
+}
+_MAX_BODY = 64 * 1024 * 1024
+_MAX_PAGE = 1000
+
+
+class RestError(Exception):
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+def _int_param(request: Request, name: str, default: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise RestError(422, f"Query parameter `{name}` must be an integer, not {raw!r}.") from None
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    if len(raw) > _MAX_BODY:
+        raise RestError(413, f"The body is larger than the limit of {_MAX_BODY} bytes.")
+    try:
+        return loads_lenient(raw)
+    except ValueError as err:
+        raise RestError(422, f"The body is not valid JSON: {err}") from None
+
+
+def _list_body(body: Any) -> list[Any]:
+    if not isinstance(body, list):
+        raise RestError(422, "The body must be a JSON list.")
+    return body
+
+
+class RestFacade:
+    """The routes, bound to the proxy's ledger client and key."""
+
+    def __init__(self, client: LedgerClient, auth: Authorizer) -> None:
+        self.client = client
+        self.auth = auth
+
+    def routes(self) -> list[Route]:
+        wrap = self._wrap
+        return [
+            Route("/api/rollouts", wrap(self.create_rollouts), methods=["POST"]),
+            Route("/api/rollouts", wrap(self.list_rollouts), methods=["GET"]),
+            Route("/api/rollouts/terminal", wrap(self.list_terminal), methods=["GET"]),
+            Route("/api/rollouts/{rollout_id}", wrap(self.get_rollout), methods=["GET"]),
+            Route("/api/rollouts/{rollout_id}", wrap(self.patch_rollout), methods=["PATCH"]),
+            Route("/api/rollouts/{rollout_id}", wrap(self.delete_rollout), methods=["DELETE"]),
+            Route("/api/rollouts/{rollout_id}/events", wrap(self.list_events), methods=["GET"]),
+            Route("/api/models", wrap(self.register_models), methods=["POST"]),
+            Route("/api/models", wrap(self.delete_models), methods=["DELETE"]),
+        ]
+
+    def _wrap(self, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def route(request: Request) -> Response:
+            try:
+                if not self.auth.is_master(presented_key(request.headers)):
+                    raise RestError(401, "Invalid or missing API key")
+                return await handler(request)
+            except RestError as err:
+                return JSONResponse({"detail": err.detail}, status_code=err.status)
+            except ShapeError as err:
+                return JSONResponse({"detail": str(err)}, status_code=422)
+            except grpc.aio.AioRpcError as err:
+                status = _STATUS_CODES.get(err.code())
+                if status is None:
+                    log.error(
+                        "%s %s: ledger answered %s: %s",
+                        request.method,
+                        request.url.path,
+                        err.code().name,
+                        err.details(),
+                    )
+                    status = 500
+                return JSONResponse({"detail": err.details() or err.code().name}, status_code=status)
+
+        return route
+
+    # -- rollouts ----------------------------------------------------------------------------------------------
+
+    async def create_rollouts(self, request: Request) -> Response:
+        specs = [rollout_spec(item, k) for k, item in enumerate(_list_body(await _json_body(request)))]
+        created = await self.client.create_rollouts(specs) if specs else []
+        return JSONResponse([rollout_json(rollout) for rollout in created], status_code=201)
+
+    async def list_rollouts(self, request: Request) -> Response:
+        names = request.query_params.getlist("state_in")
+        unknown = [name for name in names if name not in STATES]
+        if unknown:
+            raise RestError(422, f"Unknown state(s) {', '.join(unknown)}: use {', '.join(STATES)}.")
+        limit = max(0, _int_param(request, "limit", 500))
+        states = [STATES[name] for name in names]
+        rollouts = await self.client.list_rollouts(states, page_size=min(max(limit, 1), _MAX_PAGE))
+        return JSONResponse([rollout_json(rollout) for rollout in rollouts[:limit]])
+
+    async def list_terminal(self, request: Request) -> Response:
+        after = max(0, _int_param(request, "after", 0))
+        limit = min(max(1, _int_param(request, "limit", 1000)), _MAX_PAGE)
+        page = await self.client.list_terminal(after_cursor=after, page_size=limit)
+        items = [terminal_item(entry.rollout) for entry in page.entries]
+        next_after = max(page.next_cursor, after)
+        # v1.0 counts the log's entries; the ledger's cursors are positions in it, so its end is the count of
+        # rollouts that ever became terminal (v1.0 also stops counting deleted ones: the two differ after deletes).
+        end, full = next_after, len(page.entries) >= limit
+        while full:
+            more = await self.client.list_terminal(after_cursor=end, page_size=_MAX_PAGE)
+            end, full = max(more.next_cursor, end), len(more.entries) >= _MAX_PAGE
+        return JSONResponse({"items": items, "next_after": next_after, "total_terminal": end})
+
+    async def get_rollout(self, request: Request) -> Response:
+        rollout_id = request.path_params["rollout_id"]
+        rollout = await self.client.get_rollout(rollout_id)
+        attempts: list[str] = []
+        for event in await self.client.list_events(rollout_id, attempt_id="*"):
+            if event.attempt_id not in attempts:
+                attempts.append(event.attempt_id)
+        return JSONResponse({"rollout": rollout_json(rollout), "attempts": attempts})
+
+    async def patch_rollout(self, request: Request) -> Response:
+        rollout_id = request.path_params["rollout_id"]
+        patch = status_patch(await _json_body(request))
+        current = await self.client.get_rollout(rollout_id)
+        if not patch:
+            return JSONResponse(rollout_json(current))
+        state = STATES[patch["state"]] if "state" in patch else current.status.state
+        attempt_id = patch.get("last_attempt_id", "")
+        if state == rollout_pb2.ROLLOUT_STATE_RUNNING and not attempt_id and not current.status.attempt_id:
+            attempt_id = DEFAULT_ATTEMPT_ID  # v1.0 runs every rollout as attempt "0"
+        updated = await self.client.update_status(
+            rollout_id,
+            state,
+            error_message=patch.get("error_message", ""),
+            attempt_id=attempt_id,
+            launcher_ref=patch.get("k8s_job_name", ""),
+        )
+        return JSONResponse(rollout_json(updated))
+
+    async def delete_rollout(self, request: Request) -> Response:
+        await self.client.delete_rollouts([request.path_params["rollout_id"]])
+        return Response(status_code=204)
+
+    # -- events ------------------------------------------------------------------------------------------------
+
+    async def list_events(self, request: Request) -> Response:
+        rollout_id = request.path_params["rollout_id"]
+        fmt = request.query_params.get("format")
+        if fmt not in (None, "", "triplet"):
+            raise RestError(422, f"`format` must be triplet when given, not {fmt!r}.")
+        triplet = fmt == "triplet"
+        view = event_pb2.EVENT_VIEW_TRIPLET if triplet else event_pb2.EVENT_VIEW_FULL
+        events = await self.client.list_events(
+            rollout_id, event_type=request.query_params.get("event_type", ""), view=view
+        )
+        return JSONResponse([event_json(event, triplet) for event in events])
+
+    # -- models ------------------------------------------------------------------------------------------------
+
+    async def register_models(self, request: Request) -> Response:
+        endpoints = [model_endpoint(item, k) for k, item in enumerate(_list_body(await _json_body(request)))]
+        registered = await self.client.register_models(endpoints) if endpoints else []
+        return JSONResponse([model_json(endpoint) for endpoint in registered], status_code=201)
+
+    async def delete_models(self, request: Request) -> Response:
+        names = {endpoint.model_name for endpoint in await self.client.list_models()}
+        if names:
+            await self.client.delete_models([model_pb2.ModelEndpointKey(model_name=name) for name in sorted(names)])
+        return JSONResponse({"status": "ok"})
