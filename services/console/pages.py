@@ -1,0 +1,239 @@
+"""What each page shows, built from the mirror (and, for one rollout or one run, a few ledger reads)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+from services._gen.agl.v1 import rollout_pb2, run_pb2
+
+from . import charts
+from .mirror import Mirror
+from .transcript import reward_of, transcript
+
+LABEL_RUN, LABEL_STEP, LABEL_GROUP = "agl_run", "agl_step", "agl_group"
+STATES = ("queuing", "running", "succeeded", "failed")
+# The reward curve: the first of these a run reports.
+REWARD_METRICS = ("critic/score/mean", "agl/reward_mean", "critic/rewards/mean", "reward/mean")
+MAX_VAL_CHARTS = 4
+MAX_GROUP_ROLLOUTS = 256
+
+
+def state_name(value: int) -> str:
+    return rollout_pb2.RolloutState.Name(value).removeprefix("ROLLOUT_STATE_").lower()
+
+
+def run_state_name(value: int) -> str:
+    return run_pb2.RunState.Name(value).removeprefix("RUN_STATE_").lower()
+
+
+def when(ts: Any) -> str:
+    if not ts.seconds:
+        return "-"
+    return datetime.datetime.fromtimestamp(ts.seconds, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def duration(start: Any, end: Any) -> str:
+    if not start.seconds or not end.seconds:
+        return "-"
+    return f"{(end.seconds - start.seconds) + (end.nanos - start.nanos) / 1e9:.2f}s"
+
+
+def overview(mirror: Mirror) -> dict[str, Any]:
+    control = mirror.proxy
+    replicas = [
+        {
+            "id": r.replica_id,
+            "in_flight": r.in_flight,
+            "applied": r.observed_generation >= control.generation,
+            "reported": when(r.report_time),
+        }
+        for r in control.replicas
+    ]
+    runs = sorted(mirror.runs.values(), key=lambda r: (r.update_time.seconds, r.update_time.nanos), reverse=True)
+    return {
+        "counts": mirror.count_by_state(),
+        "total": len(mirror.rollouts),
+        "models": [
+            {"name": e.model_name, "endpoint": e.endpoint, "version": e.version, "updated": when(e.update_time)}
+            for e in mirror.models
+        ],
+        "proxy": {
+            "paused": control.paused,
+            "reason": control.reason,
+            "generation": control.generation,
+            "retry_after": control.retry_after_seconds,
+        },
+        "replicas": replicas,
+        "runs": [_run_row(r) for r in runs[:10]],
+    }
+
+
+def _run_row(run: run_pb2.Run) -> dict[str, Any]:
+    return {
+        "id": run.run_id,
+        "state": run_state_name(run.state),
+        "steps": run.step_count,
+        "last_step": run.last_step,
+        "created": when(run.create_time),
+        "updated": when(run.update_time),
+        "labels": " ".join(f"{k}={v}" for k, v in sorted(run.labels.items())),
+        "error": run.error_message,
+    }
+
+
+def runs(mirror: Mirror) -> dict[str, Any]:
+    ordered = sorted(mirror.runs.values(), key=lambda r: (r.create_time.seconds, r.create_time.nanos), reverse=True)
+    return {"runs": [_run_row(r) for r in ordered]}
+
+
+def rollout_rows(mirror: Mirror, query: Mapping[str, str], page_size: int) -> dict[str, Any]:
+    """A page of the newest matching rollouts. Filters: state, run, label (KEY=VALUE); page (from 1)."""
+    state = query.get("state", "")
+    run = query.get("run", "")
+    label = query.get("label", "")
+    key, _, value = label.partition("=")
+    try:
+        page = max(int(query.get("page", "1")), 1)
+    except ValueError:
+        page = 1
+    wanted = STATES.index(state) + 1 if state in STATES else 0
+    skip = (page - 1) * page_size
+    rows: list[dict[str, Any]] = []
+    more = False
+    for rollout in reversed(mirror.rollouts.values()):
+        status = rollout.status
+        if wanted and status.state != wanted:
+            continue
+        labels = rollout.metadata.labels
+        if run and labels.get(LABEL_RUN) != run:
+            continue
+        if key and labels.get(key) != value:
+            continue
+        if skip:
+            skip -= 1
+            continue
+        if len(rows) == page_size:
+            more = True
+            break
+        rows.append(
+            {
+                "id": rollout.rollout_id,
+                "state": state_name(status.state),
+                "run": labels.get(LABEL_RUN, ""),
+                "step": labels.get(LABEL_STEP, ""),
+                "group": labels.get(LABEL_GROUP, ""),
+                "created": when(status.create_time),
+                "duration": duration(status.start_time, status.end_time),
+                "error": status.error_message[:120],
+            }
+        )
+    return {
+        "rows": rows,
+        "filters": {"state": state if wanted else "", "run": run, "label": label},
+        "page": page,
+        "more": more,
+        "states": STATES,
+    }
+
+
+async def rollout_detail(mirror: Mirror, rollout_id: str, tokens: bool) -> dict[str, Any]:
+    rollout = await mirror.client.get_rollout(rollout_id)
+    status = rollout.status
+    events = await mirror.client.list_events(rollout_id) if status.attempt_id else []
+    return {
+        "id": rollout.rollout_id,
+        "state": state_name(status.state),
+        "attempt": status.attempt_id,
+        "created": when(status.create_time),
+        "started": when(status.start_time),
+        "ended": when(status.end_time),
+        "duration": duration(status.start_time, status.end_time),
+        "error": status.error_message,
+        "launcher": status.launcher_ref,
+        "controller": status.controller_id,
+        "labels": sorted(rollout.metadata.labels.items()),
+        "input": rollout.input_json,
+        "is_train": rollout.is_train,
+        "items": transcript(events),
+        "reward": reward_of(events),
+        "tokens": tokens,
+    }
+
+
+def _series(steps: list[run_pb2.RunStep], name: str) -> list[tuple[int, float]]:
+    return [(s.step, s.metrics[name]) for s in steps if name in s.metrics]
+
+
+async def run_detail(mirror: Mirror, run_id: str) -> dict[str, Any]:
+    run = await mirror.client.get_run(run_id)
+    steps = await mirror.client.list_run_steps(run_id)
+    names: dict[str, None] = {}
+    for step in steps:
+        names.update(dict.fromkeys(step.metrics))
+    reward_name = next((n for n in REWARD_METRICS if n in names), "")
+    val_names = [n for n in sorted(names) if n.startswith("val/")][:MAX_VAL_CHARTS]
+    chart_list = [charts.line_chart(f"reward: {reward_name}" if reward_name else "reward", _series(steps, reward_name))]
+    chart_list += [charts.line_chart(n, _series(steps, n)) for n in val_names]
+    latest = steps[-1] if steps else None
+    timing = sorted(
+        (
+            (n.removeprefix("timing_s/"), v)
+            for n, v in (latest.metrics.items() if latest else ())
+            if n.startswith("timing_s/")
+        ),
+        key=lambda item: -item[1],
+    )
+    return {
+        "run": _run_row(run),
+        "config": run.config_json,
+        "charts": chart_list,
+        "timing": charts.bars(f"time per phase, step {latest.step}" if latest else "time per phase", timing),
+        "latest": sorted(latest.metrics.items()) if latest else [],
+        "latest_step": latest.step if latest else None,
+        "groups": await _groups(mirror, run_id),
+    }
+
+
+async def _groups(mirror: Mirror, run_id: str) -> dict[str, Any]:
+    """The latest step's rollouts still in the ledger, by group, with rewards and advantages (reward minus the
+    group's mean reward, as GRPO computes it before any normalisation)."""
+    rollouts = [r for r in mirror.rollouts.values() if r.metadata.labels.get(LABEL_RUN) == run_id]
+    steps = [int(s) for s in {r.metadata.labels.get(LABEL_STEP, "") for r in rollouts} if s.isdigit()]
+    if not steps:
+        return {"step": None, "groups": []}
+    step = max(steps)
+    chosen = [r for r in rollouts if r.metadata.labels.get(LABEL_STEP) == str(step)][:MAX_GROUP_ROLLOUTS]
+
+    async def reward(rollout: rollout_pb2.Rollout) -> float | None:
+        if not rollout.status.attempt_id:
+            return None
+        return reward_of(await mirror.client.list_events(rollout.rollout_id, event_type="reward"))
+
+    rewards = await asyncio.gather(*(reward(r) for r in chosen))
+    grouped: dict[str, list[tuple[rollout_pb2.Rollout, float | None]]] = {}
+    for rollout, value in zip(chosen, rewards, strict=True):
+        grouped.setdefault(rollout.metadata.labels.get(LABEL_GROUP, "-"), []).append((rollout, value))
+    groups = []
+    for name, members in sorted(grouped.items()):
+        known = [v for _, v in members if v is not None]
+        mean = statistics.fmean(known) if known else None
+        groups.append(
+            {
+                "name": name,
+                "mean": mean,
+                "members": [
+                    {
+                        "id": r.rollout_id,
+                        "state": state_name(r.status.state),
+                        "reward": v,
+                        "advantage": None if v is None or mean is None else v - mean,
+                    }
+                    for r, v in members
+                ],
+            }
+        )
+    return {"step": step, "groups": groups}
