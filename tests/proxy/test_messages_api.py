@@ -4,6 +4,7 @@ engine's own token ids and log-probs before the agent has its answer."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -15,7 +16,7 @@ from services._gen.agl.v1 import event_pb2
 from services.client import LedgerClient
 from services.standin.tokenizer import token_logprob
 
-from .conftest import KEY, MODEL, Http, base_url, engine_requests, new_rollout, set_engine
+from .conftest import KEY, MODEL, Http, base_url, engine_requests, new_rollout, run_proxy, set_engine
 
 CALCULATOR = {
     "name": "calculator",
@@ -227,3 +228,48 @@ async def test_raw_http_with_x_api_key_and_finished_rollout(proxy: Http, client)
         done = await http.post(url, json=body, headers=headers)
     assert done.status_code == 409 and done.json()["error"]["type"] == "invalid_request_error"
     assert "has finished" in done.json()["error"]["message"]
+
+
+async def test_a_failed_engine_stream_ends_with_an_error_event_and_is_recorded(ledger, engine: Http, client) -> None:
+    """The engine stalls mid-stream past the proxy's read timeout: the agent's SDK gets Anthropic's error event
+    (not a cut connection) and the call is recorded as an error with what had arrived."""
+    rollout_id = await new_rollout(client)
+    with run_proxy(ledger.address, args=["--read-timeout", "0.3"]) as impatient:
+        set_engine(engine, chunk_delay_ms=800)
+        try:
+            with sdk(impatient, rollout_id) as agent:
+                stream = agent.messages.create(model="m", max_tokens=64, messages=QUESTION, stream=True)
+                kinds = []
+                with pytest.raises(anthropic.APIStatusError) as failed:
+                    for event in stream:
+                        kinds.append(event.type)
+        finally:
+            set_engine(engine, chunk_delay_ms=0)
+    assert kinds == ["message_start"]  # the engine's first chunk (the role) came, then nothing in time
+    assert failed.value.body["type"] == "error" and failed.value.body["error"]["type"] == "api_error"
+    assert "The engine stream failed: ReadTimeout" in failed.value.body["error"]["message"]
+    (recorded,) = await recorded_calls(client, rollout_id)
+    assert recorded.status == event_pb2.MODEL_REQUEST_STATUS_ERROR and recorded.stream
+    assert recorded.api == "anthropic.messages" and recorded.prompt_token_ids and not recorded.response_token_ids
+
+
+async def test_an_agent_leaving_mid_stream_is_recorded_as_incomplete(proxy: Http, engine: Http, client) -> None:
+    rollout_id = await new_rollout(client)
+    set_engine(engine, chunk_delay_ms=300)
+    try:
+        with sdk(proxy, rollout_id) as agent:
+            stream = agent.messages.create(model="m", max_tokens=64, messages=QUESTION, stream=True)
+            for event in stream:
+                if event.type == "content_block_delta":
+                    break
+            stream.close()
+        for _ in range(100):
+            calls = await recorded_calls(client, rollout_id)
+            if calls:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        set_engine(engine, chunk_delay_ms=0)
+    (recorded,) = calls
+    assert recorded.status == event_pb2.MODEL_REQUEST_STATUS_INCOMPLETE and recorded.api == "anthropic.messages"
+    assert 1 <= len(recorded.response_token_ids) < 8 and recorded.prompt_token_ids
