@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
+import time
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -178,25 +180,44 @@ def create_app(config: ConsoleConfig, client: LedgerClient | None = None) -> Sta
         return Response(text, media_type=kinds[name], headers={"cache-control": "max-age=300"})
 
     async def health(request: Request) -> Response:
-        ready = mirror.synced["rollouts"].is_set()
-        return PlainTextResponse("ok" if ready else "syncing", status_code=200 if ready else 503)
+        """Alive (the process serves HTTP), whether or not the ledger is reachable."""
+        return PlainTextResponse("ok")
+
+    async def ready(request: Request) -> Response:
+        """Ready once the first rollout snapshot arrived, so the pages show the ledger and not an empty mirror."""
+        synced = mirror.synced["rollouts"].is_set()
+        return PlainTextResponse("ok" if synced else "syncing", status_code=200 if synced else 503)
 
     routes = [
         Route("/login", login_page, methods=["GET"]),
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST", "GET"]),
-        Route("/", overview),
-        Route("/runs", runs),
-        Route("/runs/{run_id}", run),
-        Route("/rollouts", rollouts),
-        Route("/rollouts/{rollout_id}", rollout),
+        Route("/", _timed(overview)),
+        Route("/runs", _timed(runs)),
+        Route("/runs/{run_id}", _timed(run)),
+        Route("/rollouts", _timed(rollouts)),
+        Route("/rollouts/{rollout_id}", _timed(rollout)),
         Route("/events", events),
         Route("/static/{name}", asset),
         Route("/healthz", health),
+        Route("/readyz", ready),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.mirror = mirror
     return app
+
+
+def _timed(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """Report the handler's whole server time (data and rendering) as a Server-Timing header."""
+
+    @functools.wraps(handler)
+    async def timed(request: Request) -> Response:
+        started = time.perf_counter()
+        response = await handler(request)
+        response.headers["server-timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.2f}"
+        return response
+
+    return timed
 
 
 def _safe_next(target: str) -> str:

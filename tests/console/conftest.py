@@ -69,7 +69,7 @@ def console(ledger: ServiceProcess, tmp_path_factory: pytest.TempPathFactory) ->
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_http(f"{url}/healthz", proc, log)
+        _wait_http(f"{url}/readyz", proc, log)
         yield Console(url, proc, log)
     finally:
         proc.terminate()

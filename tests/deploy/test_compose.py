@@ -17,7 +17,7 @@ from services._gen.agl.v1 import ledger_service_pb2
 from tests.deploy.conftest import DEPLOY, REPO_ROOT, config_env_names
 
 COMPOSE = DEPLOY / "docker-compose.yaml"
-PROFILES = ("standin", "vllm", "engine", "ray")
+PROFILES = ("standin", "vllm", "engine", "ray", "console")
 
 
 def _compose() -> dict:
@@ -50,6 +50,7 @@ def test_docker_compose_accepts_the_file_with_every_profile() -> None:
         "engine",
         "register-engine",
         "ray-head",
+        "console",
     }
     assert set(resolved["volumes"]) >= {"ledger-data"}
 
@@ -126,6 +127,7 @@ def test_every_command_is_a_console_script_or_a_third_party_image() -> None:
         "agl-controller",
         "agl-standin-engine",
         "agl-engine",
+        "agl-console",
         "ray",
     }
     for spec in specs.values():

@@ -21,6 +21,7 @@ IMAGES = {
     ("controller", None): ({"controller"}, ["agl-controller"]),
     ("controller", "local"): ({"controller", "examples"}, ["agl-controller"]),
     ("trainer", None): ({"trainer"}, ["agl-trainer"]),
+    ("console", None): ({"console"}, ["agl-console"]),
 }
 
 
@@ -38,6 +39,7 @@ def _stage_text(name: str, target: str | None) -> str:
 def test_there_is_one_dockerfile_per_service_and_one_for_the_agents() -> None:
     assert sorted(p.name for p in DOCKER.glob("*.Dockerfile")) == [
         "agents.Dockerfile",
+        "console.Dockerfile",
         "controller.Dockerfile",
         "engine.Dockerfile",
         "ledger.Dockerfile",
@@ -87,6 +89,7 @@ def test_agents_image_pins_the_sdk_like_the_examples_extra() -> None:
 def test_ledger_and_proxy_images_have_health_checks() -> None:
     assert "grpc_health" in local_stack.parse_dockerfile(DOCKER / "ledger.Dockerfile").healthcheck[-1]
     assert "/healthz" in local_stack.parse_dockerfile(DOCKER / "proxy.Dockerfile").healthcheck[-1]
+    assert "/healthz" in local_stack.parse_dockerfile(DOCKER / "console.Dockerfile").healthcheck[-1]
 
 
 def _probe(name: str, env: dict[str, str]) -> int:

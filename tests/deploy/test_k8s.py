@@ -54,10 +54,10 @@ def test_every_manifest_is_valid_against_the_api_schema() -> None:
 
 def test_the_expected_objects_are_there() -> None:
     kinds = Counter(doc["kind"] for doc in _manifests())
-    assert kinds["StatefulSet"] == 1 and kinds["Deployment"] == 2 and kinds["Secret"] == 1
+    assert kinds["StatefulSet"] == 1 and kinds["Deployment"] == 3 and kinds["Secret"] == 1
     assert set(_by_kind("StatefulSet")) == {"agl-ledger"}
-    assert set(_by_kind("Deployment")) == {"agl-proxy", "agl-controller"}
-    assert {"agl-ledger", "agl-proxy"} <= set(_by_kind("Service"))
+    assert set(_by_kind("Deployment")) == {"agl-proxy", "agl-controller", "agl-console"}
+    assert {"agl-ledger", "agl-proxy", "agl-console"} <= set(_by_kind("Service"))
     assert kinds["ServiceAccount"] >= 1 and kinds["RoleBinding"] + kinds["ClusterRoleBinding"] >= 1
 
 
@@ -109,7 +109,7 @@ def test_proxy_runs_at_least_two_replicas() -> None:
     assert _workloads()["agl-proxy"]["spec"]["replicas"] >= 2
 
 
-@pytest.mark.parametrize("name", ["agl-ledger", "agl-proxy", "agl-controller"])
+@pytest.mark.parametrize("name", ["agl-ledger", "agl-proxy", "agl-controller", "agl-console"])
 def test_workloads_have_probes_and_run_as_non_root(name: str) -> None:
     workload = _workloads()[name]
     container = _containers(workload)[0]
@@ -149,7 +149,7 @@ def test_secret_references_resolve() -> None:
         for name, w in _workloads().items()
         if any(e["name"] == "AGL_KEY" and "valueFrom" in e for c in _containers(w) for e in c.get("env", []))
     }
-    assert keyed == {"agl-ledger", "agl-proxy", "agl-controller"}
+    assert keyed == {"agl-ledger", "agl-proxy", "agl-controller", "agl-console"}
 
 
 def test_services_find_each_other_by_service_name() -> None:
