@@ -316,8 +316,8 @@ def error_body(body: dict[str, Any], status: int) -> dict[str, Any]:
 
 class ResponsesStream:
     """Chat chunks in, Responses events out: response.created and in_progress, each output item added, filled
-    (text, reasoning text, function arguments) and done in order, then response.completed (or incomplete) once
-    the call is recorded. Every event carries its sequence_number."""
+    (text, reasoning text, function arguments) and done in order, then response.completed once the call is
+    recorded. Every event carries its sequence_number."""
 
     def __init__(self, request: dict[str, Any]) -> None:
         self._request = request
@@ -478,8 +478,9 @@ class ResponsesStream:
         status = _status(first_choice(assembled))
         envelope = self._envelope(status)
         envelope["usage"] = _usage(assembled.get("usage"))
-        kind = "response.completed" if status == "completed" else "response.incomplete"
-        out.append(self._event(kind, response=envelope))
+        # response.completed also when the answer was cut (its status says incomplete), as vLLM's own server does:
+        # the SDKs' stream helpers (get_final_response) and the Agents SDK wait for response.completed only.
+        out.append(self._event("response.completed", response=envelope))
         return b"".join(out)
 
     def error(self, err: ProxyError) -> bytes:

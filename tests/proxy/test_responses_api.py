@@ -179,3 +179,15 @@ async def test_errors_come_in_openais_shape(proxy: Http, engine: Http, client) -
     assert missing.value.body["code"] == "rollout_not_found"
     with sdk(proxy, rollout_id, api_key="wrong") as agent, pytest.raises(openai.AuthenticationError):
         agent.responses.create(model="m", input="hi")
+
+
+async def test_a_cut_stream_ends_with_response_completed_marked_incomplete(proxy: Http, client) -> None:
+    rollout_id = await new_rollout(client)
+    agent = sdk(proxy, rollout_id)
+    with agent, agent.responses.stream(model="m", input="What is 6 * 7?", max_output_tokens=3) as stream:
+        final = stream.get_final_response()  # raises unless response.completed arrived
+    assert final.status == "incomplete" and final.incomplete_details is not None
+    assert final.incomplete_details.reason == "max_output_tokens"
+    (recorded,) = await recorded_calls(client, rollout_id)
+    assert len(recorded.response_token_ids) == 3 and recorded.finish_reason == "length"
+    assert final.output_text == json.loads(recorded.response_json)["choices"][0]["message"]["content"]

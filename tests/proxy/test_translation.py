@@ -307,7 +307,7 @@ def test_responses_stream_numbers_every_event_and_reuses_item_ids() -> None:
         "response.output_text.done",
         "response.content_part.done",
         "response.output_item.done",
-        "response.incomplete",
+        "response.completed",  # also for a cut answer, as vLLM does: the SDKs' stream helpers wait for it
     ]
     final = seen[-1][1]["response"]
     assert final["status"] == "incomplete" and final["incomplete_details"] == {"reason": "max_output_tokens"}

@@ -1,0 +1,107 @@
+"""The Messages and Responses APIs through the proxy in front of the real CPU vLLM engine (vLLM 0.32, the tiny
+model): the SDKs parse the translated answers and streams of a real engine, and the recorded token ids and
+log-probs are the engine's own (a direct greedy chat call with the same messages gives the same tokens)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections.abc import Iterator
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
+from services.client import LedgerClient
+from tests.support.engine import Engine
+from tests.support.procs import ServiceProcess, free_port, start_ledger, start_service, wait_http_ready
+
+KEY = "agent-api-engine-key"
+QUESTION = "What is 4 + 4?"
+
+
+@pytest.fixture(scope="module")
+def ledger() -> Iterator[ServiceProcess]:
+    with start_ledger(key=KEY) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def proxy_url(ledger: ServiceProcess, cpu_engine: Engine) -> Iterator[str]:
+    port = free_port()
+    argv = [sys.executable, "-m", "services.proxy", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--ledger", ledger.address, "--model-name", cpu_engine.model_name, "--heartbeat", "0.5"]
+    argv += ["--train-temperature", "0"]  # greedy, so a direct call can repeat the engine's answer
+    url = f"http://127.0.0.1:{port}"
+    with start_service(
+        argv, name="proxy", port=port, env={"AGL_KEY": KEY}, ready=lambda _: wait_http_ready(f"{url}/healthz")
+    ):
+        yield url
+
+
+async def rollout(client: LedgerClient, engine: Engine) -> str:
+    endpoint = model_pb2.ModelEndpoint(model_name=engine.model_name, endpoint=engine.openai_url, version=1)
+    await client.register_models([endpoint])
+    rollout_id = f"ro-{uuid.uuid4().hex[:12]}"
+    await client.create_rollouts([rollout_pb2.RolloutSpec(rollout_id=rollout_id, input_json="{}", is_train=True)])
+    await client.update_status(rollout_id, rollout_pb2.ROLLOUT_STATE_RUNNING, attempt_id="at-1")
+    return rollout_id
+
+
+def direct_greedy(engine: Engine, messages: list[dict[str, str]], max_tokens: int) -> dict:
+    body = {"model": engine.model_name, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    body.update(logprobs=True, return_token_ids=True)
+    response = httpx.post(f"{engine.openai_url}/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def assert_is_the_engines(recorded: event_pb2.ModelRequest, direct: dict) -> None:
+    choice = direct["choices"][0]
+    assert list(recorded.prompt_token_ids) == direct["prompt_token_ids"]
+    assert list(recorded.response_token_ids) == choice["token_ids"] and recorded.response_token_ids
+    logprobs = [entry["logprob"] for entry in choice["logprobs"]["content"]]
+    assert recorded.has_response_logprobs and list(recorded.response_logprobs) == pytest.approx(logprobs, abs=1e-4)
+    assert recorded.status == event_pb2.MODEL_REQUEST_STATUS_OK
+
+
+async def test_messages_and_responses_on_the_real_engine(
+    ledger: ServiceProcess, proxy_url: str, cpu_engine: Engine
+) -> None:
+    async with LedgerClient(ledger.address, KEY) as client:
+        rollout_id = await rollout(client, cpu_engine)
+        base = f"{proxy_url}/proxy/rollout/{rollout_id}/attempt/at-1/mode/train/openai/v1"
+        direct = direct_greedy(cpu_engine, [{"role": "user", "content": QUESTION}], 12)
+        expected_text = direct["choices"][0]["message"]["content"]
+
+        with anthropic.Anthropic(base_url=base.removesuffix("/v1"), api_key=KEY, max_retries=0) as agent:
+            message = agent.messages.create(model="m", max_tokens=12, messages=[{"role": "user", "content": QUESTION}])
+            with agent.messages.stream(
+                model="m", max_tokens=12, messages=[{"role": "user", "content": QUESTION}]
+            ) as stream:
+                streamed = stream.get_final_message()
+        with openai.OpenAI(base_url=base, api_key=KEY, max_retries=0) as agent:
+            response = agent.responses.create(model="m", input=QUESTION, max_output_tokens=12)
+            with agent.responses.stream(model="m", input=QUESTION, max_output_tokens=12) as events:
+                streamed_response = events.get_final_response()
+
+        calls = [e.model_request for e in await client.list_events(rollout_id, event_type="model_request")]
+    assert [call.api for call in calls] == ["anthropic.messages"] * 2 + ["openai.responses"] * 2
+    assert [call.stream for call in calls] == [False, True, False, True]
+    for call in calls:
+        assert_is_the_engines(call, direct)
+        assert json.loads(call.request_json)["return_token_ids"] is True
+    texts = [
+        "".join(block.text for block in message.content if block.type == "text"),
+        "".join(block.text for block in streamed.content if block.type == "text"),
+        response.output_text,
+        streamed_response.output_text,
+    ]
+    assert texts == [expected_text] * 4
+    finish = direct["choices"][0]["finish_reason"]
+    assert message.stop_reason == ("max_tokens" if finish == "length" else "end_turn")
+    assert response.status == ("incomplete" if finish == "length" else "completed")
+    assert message.usage.output_tokens == streamed.usage.output_tokens == len(calls[0].response_token_ids)
