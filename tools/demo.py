@@ -1,13 +1,17 @@
-"""`make demo`: the main job end to end on one machine, offline, in well under a few minutes.
+"""`make demo`: the main job end to end on one machine, offline.
 
-Starts the services of deploy/docker-compose.yaml as local processes with the compose commands and
-environment (deploy/local_stack.py): the ledger (SQLite under ./data), the proxy, the local controller and,
-unless ENGINE_URL names a real OpenAI-compatible engine, the vLLM-shaped stand-in engine. Registers the
-engine, runs a small dataset through the unmodified math example agent in GRPO groups (every task `--group-size`
-times, one group label per task) with live progress, consumes the terminal stream, writes the trajectories as
-JSONL, prints a summary, deletes the consumed rollouts and stops everything it started.
+By default it trains: the unmodified math agent, through the controller, the proxy and a CPU vLLM engine,
+with the real trainer (verl's actor on CPU) for --steps GRPO steps; see tools/demo_train.py.
 
-    .venv/bin/python tools/demo.py [--samples 4] [--group-size 4] [--engine-url http://host:8000/v1]
+--quick: the 20-second collection run instead, with the vLLM-shaped stand-in engine and no training. It
+starts the services of deploy/docker-compose.yaml as local processes with the compose commands and
+environment (deploy/local_stack.py), registers the engine, runs a small dataset through the math agent in
+GRPO groups (every task `--group-size` times, one group label per task) with live progress, consumes the
+terminal stream, writes the trajectories as JSONL, prints a summary, deletes the consumed rollouts and stops
+everything it started.
+
+    .venv/bin/python tools/demo.py [--steps 30] [--lr 5e-4]
+    .venv/bin/python tools/demo.py --quick [--samples 4] [--group-size 4] [--engine-url http://host:8000/v1]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ if str(REPO_ROOT) not in sys.path:
 from deploy import local_stack  # noqa: E402
 from services._gen.agl.v1 import ledger_service_pb2, model_pb2, rollout_pb2  # noqa: E402
 from services.client import LedgerClient  # noqa: E402
+from tools import demo_train  # noqa: E402
 
 DEMO_LABEL = "agl-demo"
 MATH_AGENT = "examples.math_agent.agent:MathAgent"
@@ -48,13 +53,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dataset", type=Path, default=REPO_ROOT / "examples" / "data" / "math.jsonl")
     parser.add_argument("--agent-class", default=MATH_AGENT, help="agent class the controller runs")
     parser.add_argument("--samples", type=int, default=4, help="tasks taken from the dataset")
-    parser.add_argument("--group-size", type=int, default=4, help="rollouts per task (one GRPO group)")
+    parser.add_argument("--group-size", type=int, default=None, help="rollouts per task (default 8; --quick 4)")
     parser.add_argument("--engine-url", default=os.environ.get("ENGINE_URL", ""), help="real engine (ENGINE_URL)")
     parser.add_argument("--data-dir", type=Path, default=Path("data"), help="ledger store and service logs")
     parser.add_argument("--output-dir", type=Path, default=Path("demo-output"), help="trajectory JSONL files")
     parser.add_argument("--rollout-timeout", type=float, default=60.0, help="seconds per rollout")
     parser.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole run")
     parser.add_argument("--quiet", action="store_true", help="no live progress lines")
+    parser.add_argument("--quick", action="store_true", help="stand-in engine, collection only (no training)")
+    demo_train.add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -252,6 +259,17 @@ def print_summary(run_id: str, records: Sequence[Mapping[str, Any]], output: Pat
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    demo_train.stop_on_sigterm()
+    if args.group_size is None:
+        args.group_size = 4 if args.quick else 8
+    try:
+        return run_quick(args) if args.quick else demo_train.run_training(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted: everything the demo started has been stopped", file=sys.stderr)
+        return 130
+
+
+def run_quick(args: argparse.Namespace) -> int:
     # The toy model errs on a quarter of its sampled answers so that GRPO groups get rewards that differ.
     variables = {"AGL_STANDIN_MISTAKE_RATE": "0.25", **os.environ}
     profiles = [] if args.engine_url else ["standin"]

@@ -22,22 +22,29 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'][0] }}:{{ m['content'] }}<|im_end|>{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>a:{% endif %}"
 )
+# Qwen2's pre-tokenizer pattern (words, single digits, punctuation runs, whitespace).
+QWEN2_PIECES = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # Written next to the weights: a model directory says how it was made.
 RECIPE_FILE = "agl_tiny_model.json"
 
 
 def build_tokenizer(corpus: Sequence[str] = (), vocab_size: int = 512):  # type: ignore[no-untyped-def]
-    """Byte-level tokenizer. With a corpus, BPE merges are learned from it (digits always stay single
-    tokens, so numbers are spelled digit by digit): a task's fixed text (a system prompt, a question
-    template) then costs a few tokens instead of one per byte, which is most of the compute on CPU."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """Byte-level tokenizer. With a corpus, BPE merges are learned from it inside Qwen2's pre-tokenizer
+    pieces (words, single digits): a task's fixed text then costs a token per word instead of one per byte,
+    which is most of the compute on CPU. The pieces must be Qwen2's: transformers 5 loads any `qwen2` model's
+    tokenizer as Qwen2Tokenizer, which re-splits text with that pattern before applying the merges, so merges
+    across its pieces would silently not apply in the engine."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     if corpus:
         core = Tokenizer(models.BPE())
-        core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        split = pre_tokenizers.Split(Regex(QWEN2_PIECES), behavior="isolated", invert=False)
+        core.pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size, initial_alphabet=alphabet, special_tokens=list(SPECIAL_TOKENS), show_progress=False
         )

@@ -73,7 +73,7 @@ def warm_start(
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        loss_value = float(loss)
+        loss_value = float(loss.detach())
     seconds = time.perf_counter() - started
     model.save_pretrained(out, safe_serialization=True)
     recipe_path = out / RECIPE_FILE

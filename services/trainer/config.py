@@ -45,6 +45,8 @@ class TrainerSettings:
     # Engines AGL did not start (registered in the ledger) get the weights by file after each update.
     external_engines: bool = False
     weights_dir: str = ""
+    # JSONL of every consumed rollout with its decoded text (services/trainer/trajectory_log.py); None: off.
+    trajectory_log: str | None = None
 
     def __repr__(self) -> str:  # never print the key
         key = "***" if self.key else None
@@ -152,4 +154,5 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         val_max_samples=int(agl.get("val_max_samples", 0) or 0),
         external_engines=external,
         weights_dir=weights_dir,
+        trajectory_log=str(agl.trajectory_log) if agl.get("trajectory_log") else None,
     )

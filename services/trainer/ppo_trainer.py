@@ -41,6 +41,7 @@ from services.client import LedgerClient
 
 from .adapter import build_training_batch
 from .config import TrainerSettings
+from .correction import apply_rollout_correction
 from .datasets import TaskLoader
 from .drain import DrainResult, HttpProxyDrainer, ProxyDrainer
 from .engine_push import push_weights, registered_endpoints
@@ -49,6 +50,7 @@ from .loop_thread import LoopThread
 from .loss import apply_row_weights
 from .manager import RolloutManager
 from .specs import Sample
+from .trajectory_log import TrajectoryLog
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +136,10 @@ class AglPPOTrainer(RayPPOTrainer):
         hooks = load_hooks(self.agl.hooks) if self.agl.hooks else None
         self.manager = RolloutManager(self.ledger, self.agl.manager, hooks=hooks)
         self.loop.run(self.manager.start())
+        self.trajectories: TrajectoryLog | None = None
+        if self.agl.trajectory_log:
+            inputs = {s.data_id: s.input for s in [*self.train_samples, *self.val_samples]}
+            self.trajectories = TrajectoryLog(self.agl.trajectory_log, self.tokenizer.decode, inputs)
         if self.agl.proxy_admin_url:
             self.drainer: Any = HttpProxyDrainer(
                 self.agl.proxy_admin_url, self.agl.key, retry_after_seconds=self.agl.retry_after_seconds,
@@ -207,6 +213,8 @@ class AglPPOTrainer(RayPPOTrainer):
             return {}
         self._register()
         result = self.loop.run(self.manager.evaluate(self.global_steps, samples))
+        if self.trajectories is not None:
+            self.trajectories.write(self.global_steps, result.traces, kind="validation")
         rewards = [t.reward for t in result.traces]
         metrics = {f"val/{k}": v for k, v in result.metrics.items()}
         if rewards:
@@ -250,6 +258,8 @@ class AglPPOTrainer(RayPPOTrainer):
             if bool(mask.any()):
                 metrics["actor/entropy"] = float(entropys[mask].mean())
             batch = batch.union(old_log_prob)
+        # verl's rollout correction as its fit applies it (IS weights, rejection, rows without engine log-probs).
+        metrics.update(apply_rollout_correction(batch, self.config.algorithm))
         metrics.update(logprob_agreement(batch))
         if self.use_reference_policy:
             with marked_timer("ref", timing):
@@ -261,6 +271,10 @@ class AglPPOTrainer(RayPPOTrainer):
             self._register()
             result = self.loop.run(self.manager.collect(self.global_steps, samples))
         metrics.update(result.metrics)
+        if result.traces:
+            metrics["agl/reward/mean"] = sum(t.reward for t in result.traces) / len(result.traces)
+        if self.trajectories is not None:
+            self.trajectories.write(self.global_steps, result.traces, kind="train")
         pause = self.agl.async_enabled or self.agl.external_engines
         if pause:
             drained: DrainResult = self.loop.run(

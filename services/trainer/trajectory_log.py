@@ -19,7 +19,7 @@ Decode = Callable[[Sequence[int]], str]
 
 
 def trajectory_records(
-    step: int, traces: Sequence[RolloutTrace], decode: Decode, inputs: Mapping[str, Any]
+    step: int, traces: Sequence[RolloutTrace], decode: Decode, inputs: Mapping[str, Any], kind: str = "train"
 ) -> list[dict[str, Any]]:
     records = []
     for trace in traces:
@@ -36,6 +36,7 @@ def trajectory_records(
         records.append(
             {
                 "step": step,
+                "kind": kind,
                 "rollout_id": trace.rollout_id,
                 "group_id": trace.group_id,
                 "data_id": trace.data_id,
@@ -58,8 +59,8 @@ class TrajectoryLog:
         self._decode = decode
         self._inputs = inputs
 
-    def write(self, step: int, traces: Sequence[RolloutTrace]) -> int:
-        records = trajectory_records(step, traces, self._decode, self._inputs)
+    def write(self, step: int, traces: Sequence[RolloutTrace], kind: str = "train") -> int:
+        records = trajectory_records(step, traces, self._decode, self._inputs, kind)
         with self.path.open("a", encoding="utf-8") as out:
             for record in records:
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
