@@ -33,6 +33,7 @@ _ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "not_found_error",
     409: "invalid_request_error",
     413: "request_too_large",
     422: "invalid_request_error",
@@ -380,7 +381,7 @@ class MessagesStream:
         usage = assembled.get("usage") or {}
         output_tokens = usage.get("completion_tokens") or len(choice.get("token_ids") or ())
         delta = {"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}}
-        delta["usage"] = {"output_tokens": output_tokens}
+        delta["usage"] = {"input_tokens": usage.get("prompt_tokens") or 0, "output_tokens": output_tokens}
         out.append(sse("message_delta", delta))
         out.append(sse("message_stop", {"type": "message_stop"}))
         return b"".join(out)

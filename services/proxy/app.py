@@ -297,11 +297,17 @@ def create_app(config: ProxyConfig) -> Starlette:
         note_error(request, exc)
         return _error_response(exc)
 
+    def shaped(request: Request, err: ProxyError, status: int) -> Response:
+        """An error answer in the shape of the API the path belongs to (Anthropic's under .../messages)."""
+        body = err.body()
+        if "/messages" in request.url.path:
+            body = anthropic_messages.error_body(body, status)
+        return JSONResponse(body, status_code=status)
+
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         kind = "not_found" if exc.status_code in (404, 405) else "invalid_request"
-        err = ProxyError(kind, f"{request.method} {request.url.path}: {exc.detail}")
-        return JSONResponse(err.body(), status_code=exc.status_code)
+        return shaped(request, ProxyError(kind, f"{request.method} {request.url.path}: {exc.detail}"), exc.status_code)
 
     async def internal_error(request: Request, exc: Exception) -> Response:
         if isinstance(exc, ClientDisconnect):  # the agent left (or its body deadline passed): nobody to answer
@@ -309,7 +315,7 @@ def create_app(config: ProxyConfig) -> Starlette:
         # A bug, not the agent's fault: answered OpenAI-shaped, never with a traceback (Starlette re-raises it after
         # this answer, and uvicorn logs it with its traceback).
         err = ProxyError("internal", "The proxy failed to handle this request; see its log.")
-        return JSONResponse(err.body(), status_code=err.status)
+        return shaped(request, err, err.status)
 
     routes = [
         Route(f"{_PREFIX}/chat/completions", chat, methods=["POST"]),

@@ -74,9 +74,13 @@ def _int_param(request: Request, name: str, default: int) -> int:
 
 
 async def _json_body(request: Request) -> Any:
-    raw = await request.body()
-    if len(raw) > _MAX_BODY:
-        raise RestError(413, f"The body is larger than the limit of {_MAX_BODY} bytes.")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > _MAX_BODY:
+            raise RestError(413, f"The body is larger than the limit of {_MAX_BODY} bytes.")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
         return loads_lenient(raw)
     except ValueError as err:

@@ -224,6 +224,10 @@ async def test_raw_http_with_x_api_key_and_finished_rollout(proxy: Http, client)
         bad_json = await http.post(url, content=b"{", headers=headers)
         assert bad_json.status_code == 400 and bad_json.json()["type"] == "error"
         assert bad_json.json()["error"]["type"] == "invalid_request_error"
+        for method, path in (("GET", "/messages"), ("POST", "/messages/count_tokens")):
+            unserved = await http.request(method, f"{base_url(proxy, rollout_id)}{path}", json=body, headers=headers)
+            assert unserved.status_code in (404, 405) and unserved.json()["type"] == "error"
+            assert unserved.json()["error"]["type"] == "not_found_error"
         await client.update_status(rollout_id, 3)  # succeeded
         done = await http.post(url, json=body, headers=headers)
     assert done.status_code == 409 and done.json()["error"]["type"] == "invalid_request_error"
@@ -273,3 +277,17 @@ async def test_an_agent_leaving_mid_stream_is_recorded_as_incomplete(proxy: Http
     (recorded,) = calls
     assert recorded.status == event_pb2.MODEL_REQUEST_STATUS_INCOMPLETE and recorded.api == "anthropic.messages"
     assert 1 <= len(recorded.response_token_ids) < 8 and recorded.prompt_token_ids
+
+
+async def test_val_mode_stream_reports_input_tokens_at_the_end(proxy: Http, engine: Http, client) -> None:
+    """In val mode the proxy forces no token ids, so message_start cannot count the prompt: message_delta does."""
+    rollout_id = await new_rollout(client)
+    url = base_url(proxy, rollout_id, mode="val").removesuffix("/v1")
+    agent = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+    with agent, agent.messages.stream(model="m", max_tokens=64, messages=QUESTION) as stream:
+        final = stream.get_final_message()
+    sent = engine_requests(engine)["received"][-1]["body"]
+    assert "return_token_ids" not in sent and sent["temperature"] == 0.0
+    (recorded,) = await recorded_calls(client, rollout_id)
+    assert final.content[0].text == "The answer is 42."
+    assert final.usage.input_tokens == recorded.usage.prompt_tokens > 0

@@ -169,7 +169,10 @@ def test_messages_stream_opens_and_closes_blocks_in_order() -> None:
     assert seen[2][1]["delta"] == {"type": "thinking_delta", "thinking": "think"}
     assert seen[7][1]["content_block"] == {"type": "tool_use", "id": "c1", "name": "f", "input": {}}
     assert seen[8][1]["delta"] == {"type": "input_json_delta", "partial_json": '{"a": 1}'}
-    assert seen[10][1]["delta"]["stop_reason"] == "tool_use" and seen[10][1]["usage"] == {"output_tokens": 9}
+    assert seen[10][1]["delta"]["stop_reason"] == "tool_use" and seen[10][1]["usage"] == {
+        "input_tokens": 0,
+        "output_tokens": 9,
+    }
 
 
 @pytest.mark.parametrize(
