@@ -13,12 +13,14 @@ from .labels import parse_labels
 
 # Shown by default when a run has them (in this order), up to MAX_COLUMNS; --metric picks others.
 PREFERRED = (
+    "agl/reward/mean",
     "critic/score/mean",
     "critic/rewards/mean",
     "agl/reward_mean",
     "val/agl/reward_mean",
     "agl/rollout/succeeded",
     "agl/rollout/failed",
+    "agl/step/seconds",
     "timing_s/step",
     "timing_s/gen",
 )

@@ -2,20 +2,41 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import sys
 from collections.abc import Sequence
+from types import FrameType
 
 import uvicorn
+from starlette.applications import Starlette
 
 from .app import create_app
 from .config import parse_args
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, which on SIGTERM/SIGINT also ends the open event streams (they never end by themselves,
+    and uvicorn waits for open responses before it shuts down)."""
+
+    app: Starlette | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self.app is not None:
+            with contextlib.suppress(RuntimeError):  # no running loop yet
+                asyncio.get_running_loop().call_soon_threadsafe(self.app.state.mirror.end_streams)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="warning", access_log=False)
+    app = create_app(config)
+    options = {"log_level": "warning", "access_log": False, "timeout_graceful_shutdown": 5}
+    server = _Server(uvicorn.Config(app, host=config.host, port=config.port, **options))
+    server.app = app
+    server.run()
     return 0
 
 

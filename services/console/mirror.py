@@ -58,7 +58,15 @@ class Mirror:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self.end_streams()
+
+    def end_streams(self) -> None:
+        """End every open browser event stream (shutdown: the pages reconnect to whoever serves next)."""
         for queue in list(self._listeners):
+            self._listeners.discard(queue)
+            with contextlib.suppress(asyncio.QueueEmpty):
+                while queue.full():
+                    queue.get_nowait()
             queue.put_nowait(None)
 
     async def _forever(self, name: str, feed: Callable[[], Coroutine[Any, Any, None]]) -> None:

@@ -17,7 +17,7 @@ from .transcript import reward_of, transcript
 LABEL_RUN, LABEL_STEP, LABEL_GROUP = "agl_run", "agl_step", "agl_group"
 STATES = ("queuing", "running", "succeeded", "failed")
 # The reward curve: the first of these a run reports.
-REWARD_METRICS = ("critic/score/mean", "agl/reward_mean", "critic/rewards/mean", "reward/mean")
+REWARD_METRICS = ("agl/reward/mean", "critic/score/mean", "agl/reward_mean", "critic/rewards/mean")
 MAX_VAL_CHARTS = 4
 MAX_GROUP_ROLLOUTS = 256
 

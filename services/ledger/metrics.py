@@ -29,6 +29,8 @@ class LedgerCollector(Collector):
             streams.add_metric([feed], ledger.stream_counts[feed])
         yield streams
         yield GaugeMetricFamily("agl_ledger_revision", "Ledger revision (rollout changes).", value=ledger.revision)
+        yield GaugeMetricFamily("agl_ledger_runs", "Stored training runs.", value=len(ledger.runs.runs))
+        yield GaugeMetricFamily("agl_ledger_run_watchers", "Open WatchRuns streams.", value=ledger.runs.watchers)
         yield GaugeMetricFamily(
             "agl_ledger_terminal_cursor", "Last terminal-log cursor.", value=ledger.terminal.last_cursor
         )

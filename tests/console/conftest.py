@@ -42,7 +42,7 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]
         yield proc
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 30) -> None:
+def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -69,7 +69,7 @@ def console(ledger: ServiceProcess, tmp_path_factory: pytest.TempPathFactory) ->
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_http(f"{url}/readyz", proc, log)
+        wait_http(f"{url}/readyz", proc, log)
         yield Console(url, proc, log)
     finally:
         proc.terminate()

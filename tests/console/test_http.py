@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import http.cookiejar
+import os
+import signal
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from services.console.config import parse_args
+from tests.support.procs import free_port
 
-from .conftest import KEY
+from .conftest import KEY, wait_http
 
 
 class NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -67,3 +74,33 @@ def test_flags_bind_localhost_and_require_a_login_key(capsys):
         parse_args([], env={})
     assert info.value.code == 2
     assert "without a login key" in capsys.readouterr().err
+
+
+def test_sigterm_ends_open_event_streams_and_exits(ledger, tmp_path):
+    """A browser's open event stream does not keep the console alive after SIGTERM."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGL_")}
+    env.update({"AGL_LEDGER_ADDR": ledger.address, "AGL_KEY": KEY})
+    log = tmp_path / "console.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "agl-console"), "--port", str(port)], stdout=out, stderr=out, env=env
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/readyz", proc, log)
+        jar = http.cookiejar.CookieJar()
+        opener = urllib.request.build_opener(NoRedirect, urllib.request.HTTPCookieProcessor(jar))
+        fetch(url + "/login", urllib.parse.urlencode({"key": KEY}).encode(), opener)
+        stream = opener.open(url + "/events", timeout=30)
+        assert stream.readline() == b"retry: 1000\n"
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) in (0, -signal.SIGTERM), log.read_text()  # uvicorn re-raises the signal it caught
+        assert time.monotonic() - started < 2.5, log.read_text()
+        assert "ERROR" not in log.read_text()
+        stream.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
