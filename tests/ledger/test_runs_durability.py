@@ -1,12 +1,16 @@
-"""Run metrics on SQLite: acknowledged reports survive kill -9, and a watcher sees every step once across a restart."""
+"""Run metrics: acknowledged reports survive kill -9 on SQLite, a watcher sees every step once across a restart, and
+a watcher that stops reading is cut off (never the reporter held up) and resumes without loss."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 
+import grpc
+import pytest
+
 from services._gen.agl.v1 import ledger_service_pb2 as pb
-from services._gen.agl.v1 import run_pb2
+from services._gen.agl.v1 import ledger_service_pb2_grpc, run_pb2
 from services.client import LedgerClient, RetryPolicy
 from tests.support.procs import free_port, start_ledger
 
@@ -59,3 +63,37 @@ async def test_run_metrics_survive_kill_9_and_stream_without_loss_or_duplicates(
                 # The watcher resumed from its last revision (kept across the restart): nothing lost, nothing twice.
                 assert steps_seen == [1, 2, 3, 4, 5, 6, 7, 8]
                 assert (await trainer.get_run("run-d")).state == run_pb2.RUN_STATE_SUCCEEDED
+
+
+async def test_slow_run_watcher_is_cut_off_and_resumes_without_loss(tmp_path):
+    total = 300
+    metrics = {f"m/{i:03d}": float(i) for i in range(100)}  # ~2 KB per step: the slow reader's window fills
+    with start_ledger(log_dir=tmp_path, extra_args=["--watch-buffer", "16"]) as led:
+        async with (
+            grpc.aio.insecure_channel(led.address, options=[("grpc.http2.bdp_probe", 0)]) as slow_channel,
+            LedgerClient(led.address) as trainer,
+        ):
+            await trainer.create_run("run-slow")
+            stub = ledger_service_pb2_grpc.LedgerServiceStub(slow_channel)
+            slow = stub.WatchRuns(pb.WatchRunsRequest(run_id="run-slow", include_steps=True, after_revision=1))
+            assert (await slow.read()).type == pb.RUN_CHANGE_TYPE_SYNCED
+            for step in range(1, total + 1):  # the reporter is never held up by the watcher that reads nothing
+                await asyncio.wait_for(trainer.report_run_steps("run-slow", {step: metrics}), 30)
+            steps: list[int] = []
+            last = 1
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                while True:
+                    message = await asyncio.wait_for(slow.read(), 20)
+                    assert message is not grpc.aio.EOF
+                    last = message.revision
+                    if message.type == pb.RUN_CHANGE_TYPE_STEP:
+                        steps.append(message.step.step)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert f"after_revision={last}" in (info.value.details() or "")
+            assert len(steps) < total
+            again = stub.WatchRuns(pb.WatchRunsRequest(run_id="run-slow", include_steps=True, after_revision=last))
+            while (message := await asyncio.wait_for(again.read(), 20)).type != pb.RUN_CHANGE_TYPE_SYNCED:
+                if message.type == pb.RUN_CHANGE_TYPE_STEP:
+                    steps.append(message.step.step)
+            again.cancel()
+            assert steps == list(range(1, total + 1))
