@@ -8,6 +8,7 @@ import gc
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -237,9 +238,15 @@ def create_app(config: ProxyConfig) -> Starlette:
         event = agent_event(rollout_id, attempt_id, body)
         sequence = await proxy.gateway.append(event)
         proxy.metrics.events.labels(event.event_type).inc()
-        return JSONResponse(
-            {"rollout_id": rollout_id, "attempt_id": attempt_id, "event_type": event.event_type, "sequence": sequence}
-        )
+        # v1.0 answered with the stored Event (its clients validate `timestamp` and `data`); the time is the
+        # proxy's at the acknowledgement, within a millisecond of the ledger's own stamp.
+        answer = {"rollout_id": rollout_id, "attempt_id": attempt_id, "event_type": event.event_type}
+        answer.update(sequence=sequence, timestamp=time.time(), data=body.get("data", {}))
+        try:
+            return JSONResponse(answer)
+        except ValueError:  # data with NaN or Infinity (stored as given): not echoed
+            answer["data"] = {}
+            return JSONResponse(answer)
 
     async def healthz(request: Request) -> Response:
         status = {"status": "ok", "replica_id": proxy.coordinator.replica_id, "model": config.model_name}

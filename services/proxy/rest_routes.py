@@ -16,8 +16,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+import orjson
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
@@ -54,6 +55,11 @@ _STATUS_CODES = {
 }
 _MAX_BODY = 64 * 1024 * 1024
 _MAX_PAGE = 1000
+
+
+def _json(content: Any, status_code: int = 200) -> Response:
+    """JSON by orjson: a value stored with NaN or Infinity (an agent's event data) comes back as null, not a 500."""
+    return Response(orjson.dumps(content), status_code=status_code, media_type="application/json")
 
 
 class RestError(Exception):
@@ -121,9 +127,9 @@ class RestFacade:
                     raise RestError(401, "Invalid or missing API key")
                 return await handler(request)
             except RestError as err:
-                return JSONResponse({"detail": err.detail}, status_code=err.status)
+                return _json({"detail": err.detail}, status_code=err.status)
             except ShapeError as err:
-                return JSONResponse({"detail": str(err)}, status_code=422)
+                return _json({"detail": str(err)}, status_code=422)
             except grpc.aio.AioRpcError as err:
                 status = _STATUS_CODES.get(err.code())
                 if status is None:
@@ -135,7 +141,7 @@ class RestFacade:
                         err.details(),
                     )
                     status = 500
-                return JSONResponse({"detail": err.details() or err.code().name}, status_code=status)
+                return _json({"detail": err.details() or err.code().name}, status_code=status)
 
         return route
 
@@ -144,7 +150,7 @@ class RestFacade:
     async def create_rollouts(self, request: Request) -> Response:
         specs = [rollout_spec(item, k) for k, item in enumerate(_list_body(await _json_body(request)))]
         created = await self.client.create_rollouts(specs) if specs else []
-        return JSONResponse([rollout_json(rollout) for rollout in created], status_code=201)
+        return _json([rollout_json(rollout) for rollout in created], status_code=201)
 
     async def list_rollouts(self, request: Request) -> Response:
         names = request.query_params.getlist("state_in")
@@ -154,7 +160,7 @@ class RestFacade:
         limit = max(0, _int_param(request, "limit", 500))
         states = [STATES[name] for name in names]
         rollouts = await self.client.list_rollouts(states, page_size=min(max(limit, 1), _MAX_PAGE))
-        return JSONResponse([rollout_json(rollout) for rollout in rollouts[:limit]])
+        return _json([rollout_json(rollout) for rollout in rollouts[:limit]])
 
     async def list_terminal(self, request: Request) -> Response:
         after = max(0, _int_param(request, "after", 0))
@@ -168,7 +174,7 @@ class RestFacade:
         while full:
             more = await self.client.list_terminal(after_cursor=end, page_size=_MAX_PAGE)
             end, full = max(more.next_cursor, end), len(more.entries) >= _MAX_PAGE
-        return JSONResponse({"items": items, "next_after": next_after, "total_terminal": end})
+        return _json({"items": items, "next_after": next_after, "total_terminal": end})
 
     async def get_rollout(self, request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
@@ -177,14 +183,14 @@ class RestFacade:
         for event in await self.client.list_events(rollout_id, attempt_id="*"):
             if event.attempt_id not in attempts:
                 attempts.append(event.attempt_id)
-        return JSONResponse({"rollout": rollout_json(rollout), "attempts": attempts})
+        return _json({"rollout": rollout_json(rollout), "attempts": attempts})
 
     async def patch_rollout(self, request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
         patch = status_patch(await _json_body(request))
         current = await self.client.get_rollout(rollout_id)
         if not patch:
-            return JSONResponse(rollout_json(current))
+            return _json(rollout_json(current))
         state = STATES[patch["state"]] if "state" in patch else current.status.state
         attempt_id = patch.get("last_attempt_id", "")
         if state == rollout_pb2.ROLLOUT_STATE_RUNNING and not attempt_id and not current.status.attempt_id:
@@ -196,7 +202,7 @@ class RestFacade:
             attempt_id=attempt_id,
             launcher_ref=patch.get("k8s_job_name", ""),
         )
-        return JSONResponse(rollout_json(updated))
+        return _json(rollout_json(updated))
 
     async def delete_rollout(self, request: Request) -> Response:
         await self.client.delete_rollouts([request.path_params["rollout_id"]])
@@ -214,17 +220,17 @@ class RestFacade:
         events = await self.client.list_events(
             rollout_id, event_type=request.query_params.get("event_type", ""), view=view
         )
-        return JSONResponse([event_json(event, triplet) for event in events])
+        return _json([event_json(event, triplet) for event in events])
 
     # -- models ------------------------------------------------------------------------------------------------
 
     async def register_models(self, request: Request) -> Response:
         endpoints = [model_endpoint(item, k) for k, item in enumerate(_list_body(await _json_body(request)))]
         registered = await self.client.register_models(endpoints) if endpoints else []
-        return JSONResponse([model_json(endpoint) for endpoint in registered], status_code=201)
+        return _json([model_json(endpoint) for endpoint in registered], status_code=201)
 
     async def delete_models(self, request: Request) -> Response:
         names = {endpoint.model_name for endpoint in await self.client.list_models()}
         if names:
             await self.client.delete_models([model_pb2.ModelEndpointKey(model_name=name) for name in sorted(names)])
-        return JSONResponse({"status": "ok"})
+        return _json({"status": "ok"})

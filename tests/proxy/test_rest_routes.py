@@ -89,7 +89,17 @@ async def test_a_rollouts_life_through_v1_routes_equals_the_grpc_view(proxy: Htt
             event_url(proxy, rollout_id, "0"), json={"event_type": "reward", "data": {"value": 1.0}}
         )
         assert reward.status_code == 200
+        # v1.0's clients validate the answer as an Event: event_type, rollout_id, attempt_id, timestamp, data.
+        answer = reward.json()
+        assert answer["data"] == {"value": 1.0} and answer["event_type"] == "reward" and answer["attempt_id"] == "0"
+        assert isinstance(answer["timestamp"], float) and answer["rollout_id"] == rollout_id
         await http.post(event_url(proxy, rollout_id, "0"), json={"event_type": "note", "data": {"text": "hi"}})
+        odd = await http.post(
+            event_url(proxy, rollout_id, "0"),
+            content=b'{"event_type": "odd", "data": {"x": NaN}}',
+            headers={"content-type": "application/json"},
+        )
+        assert odd.status_code == 200 and odd.json()["data"] == {}  # stored as sent, not echoed as invalid JSON
 
         done = await http.patch(
             f"/api/rollouts/{rollout_id}", json={"status": {"state": "succeeded", "last_attempt_id": "0"}}
@@ -108,7 +118,8 @@ async def test_a_rollouts_life_through_v1_routes_equals_the_grpc_view(proxy: Htt
 
         # Its events, full and trimmed, as the gRPC views give them.
         full = (await http.get(f"/api/rollouts/{rollout_id}/events")).json()
-        assert [event["event_type"] for event in full] == ["model_request", "reward", "note"]
+        assert [event["event_type"] for event in full] == ["model_request", "reward", "note", "odd"]
+        assert full[1]["timestamp"] == pytest.approx(answer["timestamp"], abs=1.0)
         (recorded,) = await client.list_events(rollout_id, event_type="model_request")
         model_request = full[0]["data"]
         assert model_request["prompt_token_ids"] == list(recorded.model_request.prompt_token_ids)
