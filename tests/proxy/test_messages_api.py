@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from services._gen.agl.v1 import event_pb2
-from services.client import LedgerClient
+from services.client import LedgerClient, agent_token
 from services.standin.tokenizer import token_logprob
 
 from .conftest import KEY, MODEL, Http, base_url, engine_requests, new_rollout, run_proxy, set_engine
@@ -85,7 +85,8 @@ async def test_text_answer_is_a_message_and_recorded_with_the_engines_tokens(pro
 
 async def test_tool_use_round_trip(proxy: Http, engine: Http, client) -> None:
     rollout_id = await new_rollout(client)
-    with sdk(proxy, rollout_id) as agent:
+    # With the agent's own per-rollout token (AGL_KEY), which the SDK sends as x-api-key.
+    with sdk(proxy, rollout_id, api_key=agent_token(KEY, rollout_id, "at-1")) as agent:
         first = agent.messages.create(model="m", max_tokens=64, messages=QUESTION, tools=[CALCULATOR])
         (call,) = first.content
         assert call.type == "tool_use" and call.name == "calculator" and call.input == {"expression": "6 * 7"}

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from services._gen.agl.v1 import event_pb2
+from services.client import agent_token
 
 from .conftest import KEY, MODEL, Http, base_url, engine_requests, new_rollout, set_engine
 from .test_messages_api import assert_engine_tokens, recorded_calls
@@ -57,7 +58,7 @@ async def test_text_answer_is_a_response_and_recorded_with_the_engines_tokens(
 async def test_function_call_round_trip(proxy: Http, engine: Http, client) -> None:
     rollout_id = await new_rollout(client)
     question = [{"role": "user", "content": [{"type": "input_text", "text": "What is 6 * 7?"}]}]
-    with sdk(proxy, rollout_id) as agent:
+    with sdk(proxy, rollout_id, api_key=agent_token(KEY, rollout_id, "at-1")) as agent:  # the agent's own token
         first = agent.responses.create(model="m", input=question, tools=[CALCULATOR])
         (call,) = first.output
         assert call.type == "function_call" and call.name == "calculator"
