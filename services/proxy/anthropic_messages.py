@@ -203,6 +203,10 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         else:
             messages.append(_assistant_turn(content, where))
     chat: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens}
+    if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
+        # A prefill: the answer continues the agent's last assistant text (vLLM's chat options for it).
+        chat["continue_final_message"] = True
+        chat["add_generation_prompt"] = False
     if body.get("model") is not None:
         chat["model"] = body["model"]
     for name in ("temperature", "top_p", "top_k", *_VLLM_EXTRAS):

@@ -83,12 +83,24 @@ async def test_messages_and_responses_on_the_real_engine(
                 model="m", max_tokens=12, messages=[{"role": "user", "content": QUESTION}]
             ) as stream:
                 streamed = stream.get_final_message()
+            # A prefill: vLLM continues the assistant's text instead of starting a new turn.
+            prefill = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": "The answer"}]
+            continued = agent.messages.create(model="m", max_tokens=4, messages=prefill)
         with openai.OpenAI(base_url=base, api_key=KEY, max_retries=0) as agent:
             response = agent.responses.create(model="m", input=QUESTION, max_output_tokens=12)
             with agent.responses.stream(model="m", input=QUESTION, max_output_tokens=12) as events:
                 streamed_response = events.get_final_response()
 
         calls = [e.model_request for e in await client.list_events(rollout_id, event_type="model_request")]
+    prefilled = calls.pop(2)
+    sent = json.loads(prefilled.request_json)
+    assert sent["continue_final_message"] is True and sent["add_generation_prompt"] is False
+    assert continued.content and prefilled.status == event_pb2.MODEL_REQUEST_STATUS_OK
+    answer_ids = httpx.post(
+        f"{cpu_engine.url}/tokenize", json={"model": cpu_engine.model_name, "prompt": "The answer"}, timeout=30
+    ).json()["tokens"]
+    # The prompt ends with the prefill's own tokens: no end-of-turn and no new assistant header after them.
+    assert list(prefilled.prompt_token_ids[-len(answer_ids) :]) == answer_ids
     assert [call.api for call in calls] == ["anthropic.messages"] * 2 + ["openai.responses"] * 2
     assert [call.stream for call in calls] == [False, True, False, True]
     for call in calls:

@@ -329,3 +329,15 @@ def test_responses_stream_numbers_every_event_and_reuses_item_ids() -> None:
             },
         )
     ]
+
+
+def test_a_messages_prefill_continues_the_last_assistant_turn() -> None:
+    turns = [
+        {"role": "user", "content": "JSON please"},
+        {"role": "assistant", "content": [{"type": "text", "text": "{"}]},
+    ]
+    chat = anthropic_messages.to_chat({"max_tokens": 5, "messages": turns})
+    assert chat["messages"][-1] == {"role": "assistant", "content": "{"}
+    assert chat["continue_final_message"] is True and chat["add_generation_prompt"] is False
+    answered = anthropic_messages.to_chat({"max_tokens": 5, "messages": turns[:1]})
+    assert "continue_final_message" not in answered and "add_generation_prompt" not in answered
