@@ -42,8 +42,11 @@ $(ENGINE_VENV)/.installed-engine:
 
 engine-venv: $(ENGINE_VENV)/.installed-engine
 
-demo: $(VENV)/.installed-run
-	$(PY) tools/demo.py
+# The demo trains (verl's actor on CPU, the CPU vLLM engine): it needs the trainer extra and the engine venv.
+# Options pass through: make demo ARGS="--steps 60" (ARGS="--quick": the stand-in collection run, no training).
+ARGS ?=
+demo: $(VENV)/.installed-dev $(ENGINE_VENV)/.installed-engine
+	$(PY) tools/demo.py $(ARGS)
 
 test: $(VENV)/.installed-dev $(ENGINE_VENV)/.installed-engine
 	$(PY) -m pytest tests

@@ -42,7 +42,7 @@ from services.client import LedgerClient  # noqa: E402
 MATH_AGENT = "examples.math_agent.agent:MathAgent"
 # The agent reads its task from these variables (see examples/math_agent/agent.py).
 TASK_ENV = {"AGL_TASK_QUESTION": "input.question", "AGL_TASK_ANSWER": "input.answer"}
-WARM_START_VERSION = 1
+WARM_START_VERSION = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,10 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--steps", type=int, default=30, help="GRPO steps")
     group.add_argument("--tasks-per-step", type=int, default=8, help="tasks per step (GRPO groups)")
     group.add_argument("--lr", type=float, default=5e-4, help="actor learning rate (0: a control run)")
-    group.add_argument("--train-tasks", type=int, default=512, help="training tasks generated")
+    group.add_argument("--train-tasks", type=int, default=336, help="training tasks generated")
     group.add_argument("--val-tasks", type=int, default=64, help="held-out tasks (greedy accuracy)")
-    group.add_argument("--warm-start-steps", type=int, default=300, help="supervised warm-start steps")
-    group.add_argument("--max-operand", type=int, default=49, help="tasks add two numbers in 0..N")
+    group.add_argument("--warm-start-steps", type=int, default=250, help="supervised warm-start steps")
+    group.add_argument("--max-operand", type=int, default=19, help="tasks add two numbers in 0..N")
 
 
 # -- data and model -----------------------------------------------------------------------------------------

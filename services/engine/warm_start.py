@@ -40,7 +40,8 @@ def warm_start(
     *,
     steps: int = 300,
     batch_size: int = 64,
-    lr: float = 2e-3,
+    lr: float = 1e-3,
+    warmup_steps: int = 50,
     seed: int = 1,
     threads: int = 2,
 ) -> WarmStartResult:
@@ -58,6 +59,8 @@ def warm_start(
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     encoded = [_encode(tokenizer, messages, answer, eos_id) for messages, answer in examples]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    # A linear warm-up: a random tiny model at full lr from step 0 stalls on a ~1.0 loss plateau.
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / max(warmup_steps, 1)))
     rng = random.Random(seed)
     started = time.perf_counter()
     loss_value = float("nan")
@@ -72,12 +75,20 @@ def warm_start(
         loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         loss.backward()
         optimizer.step()
+        schedule.step()
         optimizer.zero_grad(set_to_none=True)
         loss_value = float(loss.detach())
     seconds = time.perf_counter() - started
     model.save_pretrained(out, safe_serialization=True)
     recipe_path = out / RECIPE_FILE
     recipe = json.loads(recipe_path.read_text()) if recipe_path.exists() else {}
-    recipe["warm_start"] = {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, "examples": len(examples)}
+    recipe["warm_start"] = {
+        "steps": steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "warmup_steps": warmup_steps,
+        "seed": seed,
+        "examples": len(examples),
+    }
     recipe_path.write_text(json.dumps(recipe, indent=2) + "\n")
     return WarmStartResult(steps, loss_value, seconds)

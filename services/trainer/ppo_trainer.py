@@ -39,6 +39,7 @@ from verl.workers.utils.padding import left_right_2_no_padding
 
 from services.client import LedgerClient
 
+from . import progress
 from .adapter import build_training_batch
 from .config import TrainerSettings
 from .correction import apply_rollout_correction
@@ -323,6 +324,22 @@ class AglPPOTrainer(RayPPOTrainer):
                 self.loop.run(self.drainer.resume())
         return batch if updated else None
 
+    def _run_summary(self) -> dict[str, Any]:
+        return {
+            "adv_estimator": str(self.config.algorithm.adv_estimator),
+            "model_path": str(self.config.actor_rollout_ref.model.path),
+            "n": int(self.config.actor_rollout_ref.rollout.n),
+            "train_batch_size": int(self.config.data.train_batch_size),
+            "lr": float(self.config.actor_rollout_ref.actor.optim.lr),
+            "total_training_steps": self.total_training_steps,
+            "placement": "external engines" if self.agl.external_engines else "colocated",
+        }
+
+    def _report(self, tracker: Tracking, metrics: dict[str, Any]) -> None:
+        """Each step's metrics to verl's trackers and to the ledger's run (for `agl run` and the console)."""
+        tracker.log(data=metrics, step=self.global_steps)
+        self.loop.run(progress.report_step(self.ledger, self.agl.run_id, self.global_steps, metrics))
+
     def fit(self) -> None:
         tracker = Tracking(
             project_name=self.config.trainer.project_name,
@@ -332,17 +349,20 @@ class AglPPOTrainer(RayPPOTrainer):
         )
         self.global_steps = 0
         self._load_checkpoint()
-        start_metrics: dict[str, Any] = {}
-        # The engines start from the base model; after a resume they must serve the checkpoint's weights.
-        self._sync_weights(start_metrics)
-        if self.config.trainer.get("val_before_train", False):
-            start_metrics.update(self._validate())
-        if start_metrics:
-            tracker.log(data=start_metrics, step=self.global_steps)
-        samples = self.train_dataloader.stream()
-        self.global_steps += 1
-        test_freq = self.config.trainer.test_freq
+        labels = {"model": self.agl.model_name}
+        self.loop.run(progress.start_run(self.ledger, self.agl.run_id, labels, self._run_summary()))
+        error: str | None = None
         try:
+            start_metrics: dict[str, Any] = {}
+            # The engines start from the base model; after a resume they must serve the checkpoint's weights.
+            self._sync_weights(start_metrics)
+            if self.config.trainer.get("val_before_train", False):
+                start_metrics.update(self._validate())
+            if start_metrics:
+                self._report(tracker, start_metrics)
+            samples = self.train_dataloader.stream()
+            self.global_steps += 1
+            test_freq = self.config.trainer.test_freq
             while self.global_steps <= self.total_training_steps:
                 metrics: dict[str, Any] = {"training/global_step": self.global_steps}
                 timing: dict[str, float] = {}
@@ -360,10 +380,17 @@ class AglPPOTrainer(RayPPOTrainer):
                     metrics.update(compute_throughout_metrics(batch=batch, timing_raw=timing, n_gpus=n_gpus))
                 metrics["agl/step/seconds"] = time.monotonic() - started
                 metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
-                tracker.log(data=metrics, step=self.global_steps)
+                self._report(tracker, metrics)
                 self.global_steps += 1
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise
         finally:
             self.loop.run(self.manager.close())
+            try:
+                self.loop.run(progress.finish_run(self.ledger, self.agl.run_id, error))
+            except Exception:  # the run's own outcome (or its error) matters more than its ledger record
+                log.exception("could not record the end of run %s in the ledger", self.agl.run_id)
             self.loop.run(self.ledger.close())
             self.loop.close()
             tracker.finish()

@@ -19,8 +19,9 @@ from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-from .config import ConfigError, settings_from_config
+from .config import ConfigError, TrainerSettings, settings_from_config
 from .datasets import load_samples
+from .preflight import check_config
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +101,34 @@ def check_device(config: Any) -> None:
         )
 
 
+def check_engines(settings: TrainerSettings) -> None:
+    """External engines: the ledger must answer and list at least one engine of the model, before Ray starts."""
+    if not settings.external_engines:
+        return
+    import asyncio
+
+    from services.client import LedgerClient, LedgerError
+
+    from .engine_push import EnginePushError, registered_endpoints
+
+    async def check() -> None:
+        async with LedgerClient(settings.ledger_address, settings.key) as client:
+            await registered_endpoints(client, settings.model_name)
+
+    try:
+        asyncio.run(check())
+    except EnginePushError as err:
+        raise ConfigError(str(err)) from None
+    except LedgerError as err:
+        raise ConfigError(f"ledger {settings.ledger_address}: {err.code().name}: {err.details()}") from None
+
+
 def run(config: Any) -> None:
     """Validates the AGL settings on the driver (fail fast, no GPU needed), then runs the Ray job."""
-    settings_from_config(config)
+    settings = settings_from_config(config)
+    check_config(config)
     check_device(config)
+    check_engines(settings)
     if str(config.trainer.get("device", "cuda")) == "cpu":
         prepare_cpu(config)
     run_ppo(config, task_runner_class=AglTaskRunner)

@@ -1,5 +1,7 @@
-"""`make demo` end to end, small: tools/demo.py starts the stack, runs two GRPO groups of the math agent,
-writes the trajectories, prints the summary, deletes what it consumed and stops everything it started."""
+"""`make demo` end to end, small. The training run (the default): tasks, the warm-started tiny model, the
+stack with the CPU vLLM engine, `agl-trainer placement=cpu`, a line per step, the results and the files, and
+nothing left running. The quick run (--quick): two GRPO groups of the math agent against the stand-in engine,
+the trajectories, the summary, the consumed rollouts deleted."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ def _processes_mentioning(text: str) -> list[int]:
 def test_demo_runs_groups_writes_trajectories_and_cleans_up(tmp_path: Path) -> None:
     data_dir, output_dir = tmp_path / "data", tmp_path / "out"
     env = {key: value for key, value in os.environ.items() if not key.startswith("AGL_") and key != "ENGINE_URL"}
-    argv = [sys.executable, "tools/demo.py", "--samples", "2", "--group-size", "2", "--quiet"]
+    argv = [sys.executable, "tools/demo.py", "--quick", "--samples", "2", "--group-size", "2", "--quiet"]
     argv += ["--data-dir", str(data_dir), "--output-dir", str(output_dir), "--deadline", "120"]
     result = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -68,4 +70,38 @@ def test_demo_runs_groups_writes_trajectories_and_cleans_up(tmp_path: Path) -> N
         "controller.log",
         "standin.log",
     }
+    assert _processes_mentioning(str(data_dir)) == [], "the demo left processes running"
+
+
+def test_demo_trains_prints_steps_writes_results_and_cleans_up(tmp_path: Path) -> None:
+    from PIL import Image
+
+    data_dir, output_dir = tmp_path / "data", tmp_path / "out"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AGL_") and key != "ENGINE_URL"}
+    argv = [sys.executable, "tools/demo.py", "--steps", "2", "--tasks-per-step", "4", "--group-size", "4"]
+    argv += ["--train-tasks", "32", "--val-tasks", "8", "--warm-start-steps", "20"]
+    argv += ["--data-dir", str(data_dir), "--output-dir", str(output_dir)]
+    result = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr[-4000:]
+
+    assert "held-out accuracy" in out and "(before training)" in out
+    step_lines = [line for line in out.splitlines() if line.startswith("step ") and "reward" in line]
+    assert [line.split()[1] for line in step_lines] == ["1/2", "2/2"]
+    assert "== results ==" in out and "before" in out and "after" in out
+
+    metrics = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert "val/agl/reward_mean" in metrics[0]["data"] and "val/agl/reward_mean" in metrics[-1]["data"]
+    with Image.open(output_dir / "reward_curve.png") as image:
+        assert image.size == (720, 400)
+    records = [json.loads(line) for line in (output_dir / "trajectories.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert len(train) == 2 * 4 * 4
+    # Decoded text: the agent's own question reached the model, and the reward is the math agent's score.
+    for record in train:
+        (call,) = record["calls"]
+        assert record["input"]["question"] in call["prompt"]
+        reply = call["response"].replace("<|im_end|>", "")
+        assert record["reward"] == score(reply, record["input"]["answer"]), record
     assert _processes_mentioning(str(data_dir)) == [], "the demo left processes running"

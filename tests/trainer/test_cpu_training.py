@@ -1,0 +1,246 @@
+"""The real trainer step on CPU, end to end: `agl-trainer placement=cpu` (verl's actor worker, FSDP2 over
+gloo) against the real ledger, proxy and controller (local processes, auth on) and the real CPU vLLM engine.
+
+Each run is the installed console script, as a user starts it. Agents are real processes: tests.trainer.agents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deploy import local_stack
+from services._gen.agl.v1 import model_pb2
+from services.client import LedgerClient
+from services.trainer.engine_push import EnginePushError, push_weights
+from tests.support.engine import Engine, chat, reference_logprobs
+
+pytestmark = pytest.mark.trainer
+
+KEY = "cpu-training-key"
+MODEL = "agl-policy"
+AGENT = "tests.trainer.agents:ParityAgent"
+TRAINER = Path(sys.executable).with_name("agl-trainer")
+
+
+@dataclass
+class Stack:
+    ledger: str
+    root: Path
+
+    def client(self) -> LedgerClient:
+        return LedgerClient(self.ledger, key=KEY)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, cpu_engine: Engine) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("cpu-training")
+    specs = local_stack.load_compose({"AGL_KEY": KEY, "AGL_MODEL_NAME": MODEL}, profiles=[])
+    specs = {name: specs[name] for name in ("ledger", "proxy", "controller")}
+    overrides = {"controller": {"AGL_CONTROLLER_LOG_DIR": str(root / "agent-logs")}}
+    plans = local_stack.localize(specs, root, overrides)
+    with local_stack.run_stack(plans, local_stack.start_order(specs), root / "logs") as running:
+        ledger = running["ledger"].address(50051)
+
+        async def register() -> None:
+            async with LedgerClient(ledger, key=KEY) as client:
+                await client.register_models(
+                    [model_pb2.ModelEndpoint(model_name=MODEL, endpoint=cpu_engine.openai_url)]
+                )
+
+        asyncio.run(register())
+        try:
+            yield Stack(ledger, root)
+        finally:
+            # Other tests share the session's engine: give it back its starting weights.
+            cpu_engine.restore_base_weights()
+
+
+def write_tasks(path: Path, modes: Sequence[str]) -> Path:
+    path.write_text(
+        "".join(json.dumps({"id": f"t{i}", "q": f"task {i}", "mode": m}) + "\n" for i, m in enumerate(modes))
+    )
+    return path
+
+
+@dataclass
+class TrainerRun:
+    returncode: int
+    output: str
+    metrics: list[dict[str, Any]]
+    weights_dir: Path
+    trajectories: Path
+
+    def step(self, n: int) -> dict[str, Any]:
+        return next(r["data"] for r in self.metrics if r["step"] == n)
+
+
+def run_trainer(
+    stack: Stack, engine: Engine, run_id: str, tasks: Path, *, steps: int, lr: float, model: str = MODEL
+) -> TrainerRun:
+    out = stack.root / run_id
+    out.mkdir()
+    metrics = out / "metrics.jsonl"
+    argv = [
+        str(TRAINER),
+        "placement=cpu",
+        f"agl.run_id={run_id}",
+        f"agl.ledger_address={stack.ledger}",
+        f"agl.key={KEY}",
+        f"agl.model_name={model}",
+        f"agl.launch.agent_class={AGENT}",
+        "+agl.launch.env_map.AGL_TASK=input",
+        "agl.launch.timeout_seconds=60",
+        f"agl.state_dir={out / 'state'}",
+        f"agl.engines.weights_dir={out / 'weights'}",
+        f"agl.trajectory_log={out / 'trajectories.jsonl'}",
+        "agl.progress=false",
+        f"data.train_files={tasks}",
+        "data.shuffle=false",
+        "data.train_batch_size=2",
+        "data.max_prompt_length=32",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.response_length=8",
+        f"actor_rollout_ref.model.path={engine.model_dir}",
+        f"actor_rollout_ref.actor.optim.lr={lr}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        f"trainer.total_training_steps={steps}",
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+        "trainer.logger=[console,file]",
+        f"trainer.default_local_dir={out / 'checkpoints'}",
+    ]
+    env = local_stack.child_environment({"VERL_FILE_LOGGER_PATH": str(metrics)})
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
+    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    return TrainerRun(proc.returncode, proc.stdout + proc.stderr, records, out / "weights", out / "trajectories.jsonl")
+
+
+def load_weights(directory: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    files = sorted(directory.glob("*.safetensors"))
+    assert files, f"no weights in {directory}"
+    tensors: dict[str, Any] = {}
+    for file in files:
+        tensors.update(load_file(str(file)))
+    return tensors
+
+
+def max_weight_change(before: Path, after: Path) -> float:
+    old, new = load_weights(before), load_weights(after)
+    shared = set(old) & set(new)
+    assert shared, "the trainer's weight file shares no tensor name with the model"
+    return max(float((new[name] - old[name]).abs().max()) for name in shared)
+
+
+async def remaining_rollouts(stack: Stack, run_id: str) -> int:
+    async with stack.client() as client:
+        return len(await client.list_rollouts(labels={"agl_run": run_id}))
+
+
+async def endpoint_version(stack: Stack) -> int:
+    async with stack.client() as client:
+        return max(e.version for e in await client.list_models(MODEL))
+
+
+def test_three_steps_train_push_and_clean_up(stack: Stack, cpu_engine: Engine, tmp_path: Path) -> None:
+    # Step 1's groups post no reward signal (skipped update); steps 2 and 3 learn.
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["zero", "zero", "parity", "parity", "parity", "parity"])
+    run = run_trainer(stack, cpu_engine, "cpu3", tasks, steps=3, lr=1e-3)
+    assert run.returncode == 0, run.output[-5000:]
+    assert [r["step"] for r in run.metrics if r["step"] > 0] == [1, 2, 3]
+
+    first = run.step(1)
+    assert first["agl/update/skipped_no_signal"] == 1.0
+    assert "actor/pg_loss" not in first
+    for n in (2, 3):
+        step = run.step(n)
+        assert step["agl/update/skipped_no_signal"] == 0.0
+        assert "actor/pg_loss" in step and "actor/grad_norm" in step
+        assert step["agl/push/engines"] == 1.0
+        # The rows of each step were sampled by the engine after the last push: same weights, same log-probs.
+        assert step["agl/push/logprob_diff_max"] < 1e-4, step
+        assert step["agl/rollout/succeeded"] == 8.0
+
+    assert max_weight_change(cpu_engine.model_dir, run.weights_dir) > 0.0
+    # The engine serves the pushed weights: its log-probs equal transformers' on the trainer's file.
+    answer = chat(cpu_engine, "hello")
+    choice = answer["choices"][0]
+    served = [item["logprob"] for item in choice["logprobs"]["content"]]
+    expected = reference_logprobs(
+        cpu_engine.model_dir, run.weights_dir, answer["prompt_token_ids"], choice["token_ids"]
+    )
+    assert max(abs(a - b) for a, b in zip(served, expected, strict=True)) < 1e-4
+
+    assert asyncio.run(endpoint_version(stack)) == 3
+    assert asyncio.run(remaining_rollouts(stack, "cpu3")) == 0
+    records = [json.loads(line) for line in run.trajectories.read_text().splitlines()]
+    assert len(records) == 24
+    assert all(r["calls"] and r["calls"][0]["response_tokens"] > 0 for r in records)
+
+
+def test_zero_learning_rate_leaves_the_weights(stack: Stack, cpu_engine: Engine, tmp_path: Path) -> None:
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["parity"] * 4)
+    run = run_trainer(stack, cpu_engine, "cpulr0", tasks, steps=2, lr=0.0)
+    assert run.returncode == 0, run.output[-5000:]
+    assert all("actor/pg_loss" in run.step(n) for n in (1, 2))
+    assert max_weight_change(cpu_engine.model_dir, run.weights_dir) == 0.0
+
+
+def test_no_engine_registered_is_one_clear_error(stack: Stack, cpu_engine: Engine, tmp_path: Path) -> None:
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["parity"] * 2)
+    run = run_trainer(stack, cpu_engine, "cpunone", tasks, steps=1, lr=1e-3, model="nobody-serves-this")
+    assert run.returncode != 0
+    last = run.output.strip().splitlines()[-1]
+    assert "no engine is registered for model 'nobody-serves-this'" in last
+    assert "Traceback" not in run.output
+
+
+def test_an_engine_refusing_the_reload_fails_with_its_message(stack: Stack, cpu_engine: Engine, tmp_path: Path) -> None:
+    async def push() -> None:
+        async with stack.client() as client:
+            await push_weights(client, MODEL, tmp_path / "no-such-weights", version=99)
+
+    with pytest.raises(EnginePushError) as refused:
+        asyncio.run(push())
+    assert cpu_engine.url in str(refused.value)
+    assert "no-such-weights" in str(refused.value)
+    # Nothing recorded: the registry does not claim a version the engine never loaded.
+    assert asyncio.run(endpoint_version(stack)) != 99
+
+
+def test_cpu_machine_asked_for_gpus_gets_one_line() -> None:
+    proc = subprocess.run(
+        [str(TRAINER), "agl.launch.agent_class=x:Y"], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "no GPU is visible" in last and "placement=cpu" in last, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_installed_command_composes_the_cpu_placement() -> None:
+    proc = subprocess.run(
+        [str(TRAINER), "--cfg", "job", "placement=cpu", "agl.launch.agent_class=x:Y"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import yaml
+
+    config = yaml.safe_load(proc.stdout)
+    assert config["trainer"]["device"] == "cpu"
+    assert config["agl"]["engines"]["external"] is True
+    assert config["actor_rollout_ref"]["rollout"]["checkpoint_engine"]["backend"] == "agl_file"
+    assert config["actor_rollout_ref"]["actor"]["fsdp_config"]["mixed_precision"]["param_dtype"] == "fp32"
