@@ -215,8 +215,13 @@ class LedgerClient(RunMethods):
         launcher_ref: str = "",
         controller_id: str = "",
         expected_version: int | None = None,
+        failure_reason: int = 0,
+        ending_attempt_id: str = "",
     ) -> rollout_pb2.Rollout:
         """Moves a rollout along its state machine; with expected_version it is a compare-and-set.
+
+        FAILED with a failure_reason that the rollout's retry policy retries puts it back in the queue for its next
+        attempt (the returned rollout shows QUEUING); ending_attempt_id makes the report apply only to that attempt.
 
         A retry after a lost response can meet ABORTED or FAILED_PRECONDITION although the first try applied:
         callers that claim re-read the rollout to see whether the claim is theirs.
@@ -228,6 +233,8 @@ class LedgerClient(RunMethods):
             attempt_id=attempt_id,
             launcher_ref=launcher_ref,
             controller_id=controller_id,
+            failure_reason=failure_reason,  # type: ignore[arg-type]
+            ending_attempt_id=ending_attempt_id,
         )
         if expected_version is not None:
             request.expected_version = expected_version

@@ -17,8 +17,8 @@ from typing import Any
 
 from services._gen.agl.v1 import event_pb2, ledger_service_pb2, model_pb2, proxy_control_pb2, rollout_pb2
 
-from . import states
-from .errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
+from . import attempts, states
+from .errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from .hub import Change, RolloutFilter, RolloutHub
 from .logs import printable
 from .model_registry import ModelRegistry
@@ -83,6 +83,7 @@ class Ledger:
         self.last_lsn = 0
         self.events_appended = 0
         self.state_counts: collections.Counter[int] = collections.Counter()
+        self.retries: collections.Counter[int] = collections.Counter()  # attempts retried, by failure reason
         self.terminal = TerminalLog()
         self.models = ModelRegistry()
         self.proxy = ProxyControlState()
@@ -269,19 +270,46 @@ class Ledger:
         launcher_ref: str = "",
         controller_id: str = "",
         expected_version: int | None = None,
+        failure_reason: int = 0,
+        ending_attempt_id: str = "",
     ) -> rollout_pb2.Rollout:
-        check_safe_id(attempt_id, "attempt_id", f"rollout {rollout_id}")
+        """Move a rollout along its state machine. FAILED for a running attempt whose failure the rollout's retry
+        policy retries becomes a new wait in the queue instead (the returned rollout shows QUEUING)."""
+        where = f"rollout {rollout_id}"
+        check_safe_id(attempt_id, "attempt_id", where)
+        check_safe_id(ending_attempt_id, "ending_attempt_id", where)
+        attempts.check_reason(failure_reason, where)
+        if failure_reason and state != states.FAILED:
+            raise InvalidArgument(f"{where}: failure_reason is given only with state failed")
         entry = self.entry(rollout_id)
         current = entry.rollout
         if expected_version is not None and current.status.version != expected_version:
             raise Aborted(f"rollout {rollout_id}: version is {current.status.version}, expected {expected_version}")
         previous_state = current.status.state
         states.check_transition(rollout_id, previous_state, state)
+        terminal = states.is_terminal(state)
+        if ending_attempt_id and (
+            not terminal or previous_state != states.RUNNING or ending_attempt_id != current.status.attempt_id
+        ):
+            raise FailedPrecondition(
+                f"{where}: attempt {ending_attempt_id} is not its running attempt (the rollout is "
+                f"{states.state_name(previous_state)}, attempt {current.status.attempt_id!r}); it cannot end it"
+            )
+        if attempt_id and attempt_id != current.status.attempt_id and attempts.known(current.status, attempt_id):
+            raise FailedPrecondition(f"{where}: attempt id {attempt_id} was used before; a new attempt needs a new id")
         now = time.time_ns()
         rollout = rollout_pb2.Rollout()
         rollout.CopyFrom(current)
         status = rollout.status
-        status.state = state
+        self._record_attempt(status, previous_state, state, attempt_id, launcher_ref, now)
+        retry = (
+            state == states.FAILED
+            and previous_state == states.RUNNING
+            and attempts.retries(rollout.config.retry, failure_reason, len(status.attempts))
+        )
+        if terminal and previous_state == states.RUNNING and (ended := attempts.running(status)) is not None:
+            attempts.finish(ended, state, failure_reason, error_message, now)
+        status.state = states.QUEUING if retry else state
         if error_message:
             status.error_message = error_message
         if attempt_id:
@@ -290,13 +318,23 @@ class Ledger:
             status.launcher_ref = launcher_ref
         if controller_id:
             status.controller_id = controller_id
+        if state == states.FAILED:
+            status.failure_reason = failure_reason
         status.version += 1
         self.revision += 1
         status.revision = self.revision
         status.update_time.FromNanoseconds(now)
         if state == states.RUNNING and previous_state != states.RUNNING:
             status.start_time.FromNanoseconds(now)
-        terminal = states.is_terminal(state)
+            status.ClearField("retry_time")
+        if retry:
+            # The superseded attempt's agent is refused from now on (no current attempt until the next claim).
+            status.attempt_id = ""
+            status.launcher_ref = ""
+            status.retry_time.FromNanoseconds(
+                now + int(attempts.backoff_seconds(rollout.config.retry, len(status.attempts)) * 1e9)
+            )
+            terminal = False
         if terminal:
             status.end_time.FromNanoseconds(now)
             entry.terminal_cursor = self.terminal.next_cursor()
@@ -314,17 +352,43 @@ class Ledger:
         entry.rollout = rollout
         entry.lsn = lsn
         self.state_counts[previous_state] -= 1
-        self.state_counts[state] += 1
+        self.state_counts[status.state] += 1
+        if retry:
+            self.retries[failure_reason] += 1
         if terminal:
             self.terminal.append(rollout_id)
         self.hub.publish(Change(self.revision, UPSERT, rollout, previous_state, lsn))
         log.info(
-            "rollout %s: %s -> %s (attempt %s, version %d)%s",
-            rollout_id, states.state_name(previous_state), states.state_name(state), status.attempt_id,
-            status.version, f": {printable(status.error_message)}" if error_message else "",
+            "rollout %s: %s -> %s (attempt %s, version %d)%s%s",
+            rollout_id, states.state_name(previous_state), states.state_name(status.state),
+            attempt_id or current.status.attempt_id, status.version,
+            f": {printable(error_message)}" if error_message else "",
+            f"; attempt {len(status.attempts) + 1} follows ({attempts.reason_name(failure_reason)})" if retry else "",
         )  # fmt: skip
         await self.durable(lsn)
         return rollout
+
+    @staticmethod
+    def _record_attempt(
+        status: rollout_pb2.RolloutStatus, previous: int, state: int, attempt_id: str, launcher_ref: str, now: int
+    ) -> None:
+        """Keep `status.attempts` in step with a claim (a new attempt) or a running attempt's new id or handle."""
+        if state != states.RUNNING:
+            return
+        if previous != states.RUNNING:
+            attempts.start(status, attempt_id, launcher_ref, now)
+            return
+        record = attempts.running(status)
+        if record is None:
+            return
+        if attempt_id and attempt_id != record.attempt_id:
+            if record.attempt_id:  # replaced while running: the old one ended
+                attempts.finish(record, states.FAILED, 0, f"superseded by attempt {attempt_id}", now)
+                attempts.start(status, attempt_id, launcher_ref or record.launcher_ref, now)
+                return
+            record.attempt_id = attempt_id
+        if launcher_ref:
+            record.launcher_ref = launcher_ref
 
     # -- events ----------------------------------------------------------------------------------------------------
 
@@ -357,6 +421,7 @@ class Ledger:
                 event.attempt_id
                 and event.attempt_id != status.attempt_id
                 and (entry.past_attempts is None or event.attempt_id not in entry.past_attempts)
+                and not attempts.known(status, event.attempt_id)
             ):
                 raise NotFound(
                     f"events[{i}]: rollout {event.rollout_id} has no attempt {event.attempt_id!r} "
@@ -368,7 +433,7 @@ class Ledger:
                     self._check_same(event, known, entry, i)
         seconds, nanos = divmod(time.time_ns(), 1_000_000_000)
         sequences: list[int] = []
-        attempts: list[str] = []
+        attempt_ids: list[str] = []
         ops: list[Op] = []
         for event in events:
             entry = rollouts[event.rollout_id]
@@ -377,9 +442,9 @@ class Ledger:
                 known = entry.event_ids.get(event_id)
                 if known is not None:
                     sequences.append(known[0])
-                    attempts.append(known[1])
+                    attempt_ids.append(known[1])
                     continue
-            attempt_id = event.attempt_id or entry.rollout.status.attempt_id
+            attempt_id = event.attempt_id or entry.rollout.status.attempt_id or attempts.latest(entry.rollout.status)
             seq = entry.next_seq
             entry.next_seq = seq + 1
             event.sequence = seq
@@ -393,11 +458,11 @@ class Ledger:
                     entry.event_ids = {}
                 entry.event_ids[event_id] = (seq, attempt_id)
             sequences.append(seq)
-            attempts.append(attempt_id)
+            attempt_ids.append(attempt_id)
         if ops:
             self._write(ops)
             self.events_appended += len(ops)
-        return sequences, attempts, self.last_lsn
+        return sequences, attempt_ids, self.last_lsn
 
     def _check_same(self, event: event_pb2.Event, known: tuple[int, str], entry: Entry, index: int) -> None:
         """A repeated event_id is a retry only with the same content: raise AlreadyExists when it differs from the
@@ -426,7 +491,7 @@ class Ledger:
         entry = self.entry(rollout_id)
         size = page_size(size, 1000, 10000)
         after = parse_token(token)
-        attempt = None if attempt_id == ALL_ATTEMPTS else (attempt_id or entry.rollout.status.attempt_id)
+        attempt = None if attempt_id == ALL_ATTEMPTS else (attempt_id or attempts.latest(entry.rollout.status))
         etype = event_type or None
         if view == TRIPLET:
             rows = self.triplet_events(rollout_id, attempt, etype)

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .attempts import reason_name
 from .ledger import Ledger
 from .states import TRANSITIONS, state_name
 
@@ -23,6 +24,12 @@ class LedgerCollector(Collector):
         for state in TRANSITIONS:
             rollouts.add_metric([state_name(state)], ledger.state_counts[state])
         yield rollouts
+        retried = CounterMetricFamily(
+            "agl_ledger_attempts_retried", "Failed attempts put back in the queue, by reason.", labels=["reason"]
+        )
+        for reason, count in sorted(ledger.retries.items()):
+            retried.add_metric([reason_name(reason)], count)
+        yield retried
         yield CounterMetricFamily("agl_ledger_events_appended", "Events appended.", value=ledger.events_appended)
         streams = GaugeMetricFamily("agl_ledger_stream_subscribers", "Open server streams by feed.", labels=["feed"])
         for feed in ("rollouts", "terminal", "models", "proxy_control"):

@@ -172,6 +172,8 @@ class LedgerServicer:
             launcher_ref=request.launcher_ref,
             controller_id=request.controller_id,
             expected_version=request.expected_version if request.HasField("expected_version") else None,
+            failure_reason=request.failure_reason,
+            ending_attempt_id=request.ending_attempt_id,
         )
         return pb.UpdateRolloutStatusResponse(rollout=rollout)
 

@@ -9,6 +9,7 @@ import orjson
 
 from services._gen.agl.v1 import event_pb2, rollout_pb2
 
+from .attempts import check_policy
 from .errors import InvalidArgument
 
 MAX_ID_LENGTH = 256
@@ -61,6 +62,7 @@ def check_spec(spec: rollout_pb2.RolloutSpec, index: int) -> None:
     check_json(spec.metadata.data_json, "metadata.data_json", where)
     if spec.config.timeout_seconds < 0:
         raise InvalidArgument(f"{where}: config.timeout_seconds must not be negative")
+    check_policy(spec.config.retry, where)
 
 
 def check_event(event: event_pb2.Event, index: int) -> None:

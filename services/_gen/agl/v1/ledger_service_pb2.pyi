@@ -108,7 +108,7 @@ class DeleteRolloutsResponse(_message.Message):
     def __init__(self, deleted_count: _Optional[int] = ...) -> None: ...
 
 class UpdateRolloutStatusRequest(_message.Message):
-    __slots__ = ("rollout_id", "state", "error_message", "attempt_id", "launcher_ref", "controller_id", "expected_version")
+    __slots__ = ("rollout_id", "state", "error_message", "attempt_id", "launcher_ref", "controller_id", "expected_version", "failure_reason", "ending_attempt_id")
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +116,8 @@ class UpdateRolloutStatusRequest(_message.Message):
     LAUNCHER_REF_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
+    ENDING_ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     rollout_id: str
     state: _rollout_pb2.RolloutState
     error_message: str
@@ -123,7 +125,9 @@ class UpdateRolloutStatusRequest(_message.Message):
     launcher_ref: str
     controller_id: str
     expected_version: int
-    def __init__(self, rollout_id: _Optional[str] = ..., state: _Optional[_Union[_rollout_pb2.RolloutState, str]] = ..., error_message: _Optional[str] = ..., attempt_id: _Optional[str] = ..., launcher_ref: _Optional[str] = ..., controller_id: _Optional[str] = ..., expected_version: _Optional[int] = ...) -> None: ...
+    failure_reason: _rollout_pb2.FailureReason
+    ending_attempt_id: str
+    def __init__(self, rollout_id: _Optional[str] = ..., state: _Optional[_Union[_rollout_pb2.RolloutState, str]] = ..., error_message: _Optional[str] = ..., attempt_id: _Optional[str] = ..., launcher_ref: _Optional[str] = ..., controller_id: _Optional[str] = ..., expected_version: _Optional[int] = ..., failure_reason: _Optional[_Union[_rollout_pb2.FailureReason, str]] = ..., ending_attempt_id: _Optional[str] = ...) -> None: ...
 
 class UpdateRolloutStatusResponse(_message.Message):
     __slots__ = ("rollout",)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61gl/v1/rollout.proto\x12\x06\x61gl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa0\x01\n\x11LocalLaunchConfig\x12\x13\n\x0b\x61gent_class\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12\x36\n\x07\x65nv_map\x18\x03 \x03(\x0b\x32%.agl.v1.LocalLaunchConfig.EnvMapEntry\x1a-\n\x0b\x45nvMapEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\'\n\x0fK8sLaunchConfig\x12\x14\n\x0cjob_template\x18\x01 \x01(\t\"x\n\rRolloutConfig\x12\x17\n\x0ftimeout_seconds\x18\x01 \x01(\x01\x12(\n\x05local\x18\x02 \x01(\x0b\x32\x19.agl.v1.LocalLaunchConfig\x12$\n\x03k8s\x18\x03 \x01(\x0b\x32\x17.agl.v1.K8sLaunchConfig\"\x88\x01\n\x0fRolloutMetadata\x12\x33\n\x06labels\x18\x01 \x03(\x0b\x32#.agl.v1.RolloutMetadata.LabelsEntry\x12\x11\n\tdata_json\x18\x02 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xef\x02\n\rRolloutStatus\x12#\n\x05state\x18\x01 \x01(\x0e\x32\x14.agl.v1.RolloutState\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x12\n\nattempt_id\x18\x03 \x01(\t\x12\x14\n\x0clauncher_ref\x18\x04 \x01(\t\x12\x15\n\rcontroller_id\x18\x05 \x01(\t\x12\x0f\n\x07version\x18\x06 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08revision\x18\x0b \x01(\x03\"\xbc\x01\n\x07Rollout\x12\x12\n\nrollout_id\x18\x01 \x01(\t\x12\x12\n\ninput_json\x18\x02 \x01(\t\x12\x10\n\x08is_train\x18\x03 \x01(\x08\x12%\n\x06\x63onfig\x18\x04 \x01(\x0b\x32\x15.agl.v1.RolloutConfig\x12)\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.agl.v1.RolloutMetadata\x12%\n\x06status\x18\x06 \x01(\x0b\x32\x15.agl.v1.RolloutStatus\"\x99\x01\n\x0bRolloutSpec\x12\x12\n\nrollout_id\x18\x01 \x01(\t\x12\x12\n\ninput_json\x18\x02 \x01(\t\x12\x10\n\x08is_train\x18\x03 \x01(\x08\x12%\n\x06\x63onfig\x18\x04 \x01(\x0b\x32\x15.agl.v1.RolloutConfig\x12)\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.agl.v1.RolloutMetadata*\x9a\x01\n\x0cRolloutState\x12\x1d\n\x19ROLLOUT_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15ROLLOUT_STATE_QUEUING\x10\x01\x12\x19\n\x15ROLLOUT_STATE_RUNNING\x10\x02\x12\x1b\n\x17ROLLOUT_STATE_SUCCEEDED\x10\x03\x12\x18\n\x14ROLLOUT_STATE_FAILED\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61gl/v1/rollout.proto\x12\x06\x61gl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa0\x01\n\x11LocalLaunchConfig\x12\x13\n\x0b\x61gent_class\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12\x36\n\x07\x65nv_map\x18\x03 \x03(\x0b\x32%.agl.v1.LocalLaunchConfig.EnvMapEntry\x1a-\n\x0b\x45nvMapEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\'\n\x0fK8sLaunchConfig\x12\x14\n\x0cjob_template\x18\x01 \x01(\t\"\xa6\x01\n\x0bRetryPolicy\x12\x14\n\x0cmax_attempts\x18\x01 \x01(\x05\x12\'\n\x08retry_on\x18\x02 \x03(\x0e\x32\x15.agl.v1.FailureReason\x12\x1f\n\x17initial_backoff_seconds\x18\x03 \x01(\x01\x12\x1b\n\x13max_backoff_seconds\x18\x04 \x01(\x01\x12\x1a\n\x12\x62\x61\x63koff_multiplier\x18\x05 \x01(\x01\"\x9c\x01\n\rRolloutConfig\x12\x17\n\x0ftimeout_seconds\x18\x01 \x01(\x01\x12(\n\x05local\x18\x02 \x01(\x0b\x32\x19.agl.v1.LocalLaunchConfig\x12$\n\x03k8s\x18\x03 \x01(\x0b\x32\x17.agl.v1.K8sLaunchConfig\x12\"\n\x05retry\x18\x04 \x01(\x0b\x32\x13.agl.v1.RetryPolicy\"\x8c\x02\n\x07\x41ttempt\x12\x12\n\nattempt_id\x18\x01 \x01(\t\x12\x0e\n\x06number\x18\x02 \x01(\x05\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.agl.v1.RolloutState\x12-\n\x0e\x66\x61ilure_reason\x18\x04 \x01(\x0e\x32\x15.agl.v1.FailureReason\x12\x15\n\rerror_message\x18\x05 \x01(\t\x12\x14\n\x0clauncher_ref\x18\x06 \x01(\t\x12.\n\nstart_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x88\x01\n\x0fRolloutMetadata\x12\x33\n\x06labels\x18\x01 \x03(\x0b\x32#.agl.v1.RolloutMetadata.LabelsEntry\x12\x11\n\tdata_json\x18\x02 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf1\x03\n\rRolloutStatus\x12#\n\x05state\x18\x01 \x01(\x0e\x32\x14.agl.v1.RolloutState\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x12\n\nattempt_id\x18\x03 \x01(\t\x12\x14\n\x0clauncher_ref\x18\x04 \x01(\t\x12\x15\n\rcontroller_id\x18\x05 \x01(\t\x12\x0f\n\x07version\x18\x06 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08revision\x18\x0b \x01(\x03\x12!\n\x08\x61ttempts\x18\x0c \x03(\x0b\x32\x0f.agl.v1.Attempt\x12.\n\nretry_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\x0e\x66\x61ilure_reason\x18\x0e \x01(\x0e\x32\x15.agl.v1.FailureReason\"\xbc\x01\n\x07Rollout\x12\x12\n\nrollout_id\x18\x01 \x01(\t\x12\x12\n\ninput_json\x18\x02 \x01(\t\x12\x10\n\x08is_train\x18\x03 \x01(\x08\x12%\n\x06\x63onfig\x18\x04 \x01(\x0b\x32\x15.agl.v1.RolloutConfig\x12)\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.agl.v1.RolloutMetadata\x12%\n\x06status\x18\x06 \x01(\x0b\x32\x15.agl.v1.RolloutStatus\"\x99\x01\n\x0bRolloutSpec\x12\x12\n\nrollout_id\x18\x01 \x01(\t\x12\x12\n\ninput_json\x18\x02 \x01(\t\x12\x10\n\x08is_train\x18\x03 \x01(\x08\x12%\n\x06\x63onfig\x18\x04 \x01(\x0b\x32\x15.agl.v1.RolloutConfig\x12)\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.agl.v1.RolloutMetadata*\x9a\x01\n\x0cRolloutState\x12\x1d\n\x19ROLLOUT_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15ROLLOUT_STATE_QUEUING\x10\x01\x12\x19\n\x15ROLLOUT_STATE_RUNNING\x10\x02\x12\x1b\n\x17ROLLOUT_STATE_SUCCEEDED\x10\x03\x12\x18\n\x14ROLLOUT_STATE_FAILED\x10\x04*\xe7\x02\n\rFailureReason\x12\x1e\n\x1a\x46\x41ILURE_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x46\x41ILURE_REASON_EXIT_CODE\x10\x01\x12\x19\n\x15\x46\x41ILURE_REASON_KILLED\x10\x02\x12\x1a\n\x16\x46\x41ILURE_REASON_TIMEOUT\x10\x03\x12\x1f\n\x1b\x46\x41ILURE_REASON_LAUNCH_ERROR\x10\x04\x12\x17\n\x13\x46\x41ILURE_REASON_LOST\x10\x05\x12 \n\x1c\x46\x41ILURE_REASON_LAUNCHER_DIED\x10\x06\x12\x1d\n\x19\x46\x41ILURE_REASON_JOB_FAILED\x10\x07\x12&\n\"FAILURE_REASON_CONTROLLER_SHUTDOWN\x10\x08\x12!\n\x1d\x46\x41ILURE_REASON_INVALID_CONFIG\x10\t\x12\x1b\n\x17\x46\x41ILURE_REASON_INTERNAL\x10\nb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,24 +36,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOCALLAUNCHCONFIG_ENVMAPENTRY']._serialized_options = b'8\001'
   _globals['_ROLLOUTMETADATA_LABELSENTRY']._loaded_options = None
   _globals['_ROLLOUTMETADATA_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_ROLLOUTSTATE']._serialized_start=1248
-  _globals['_ROLLOUTSTATE']._serialized_end=1402
+  _globals['_ROLLOUTSTATE']._serialized_start=1855
+  _globals['_ROLLOUTSTATE']._serialized_end=2009
+  _globals['_FAILUREREASON']._serialized_start=2012
+  _globals['_FAILUREREASON']._serialized_end=2371
   _globals['_LOCALLAUNCHCONFIG']._serialized_start=66
   _globals['_LOCALLAUNCHCONFIG']._serialized_end=226
   _globals['_LOCALLAUNCHCONFIG_ENVMAPENTRY']._serialized_start=181
   _globals['_LOCALLAUNCHCONFIG_ENVMAPENTRY']._serialized_end=226
   _globals['_K8SLAUNCHCONFIG']._serialized_start=228
   _globals['_K8SLAUNCHCONFIG']._serialized_end=267
-  _globals['_ROLLOUTCONFIG']._serialized_start=269
-  _globals['_ROLLOUTCONFIG']._serialized_end=389
-  _globals['_ROLLOUTMETADATA']._serialized_start=392
-  _globals['_ROLLOUTMETADATA']._serialized_end=528
-  _globals['_ROLLOUTMETADATA_LABELSENTRY']._serialized_start=483
-  _globals['_ROLLOUTMETADATA_LABELSENTRY']._serialized_end=528
-  _globals['_ROLLOUTSTATUS']._serialized_start=531
-  _globals['_ROLLOUTSTATUS']._serialized_end=898
-  _globals['_ROLLOUT']._serialized_start=901
-  _globals['_ROLLOUT']._serialized_end=1089
-  _globals['_ROLLOUTSPEC']._serialized_start=1092
-  _globals['_ROLLOUTSPEC']._serialized_end=1245
+  _globals['_RETRYPOLICY']._serialized_start=270
+  _globals['_RETRYPOLICY']._serialized_end=436
+  _globals['_ROLLOUTCONFIG']._serialized_start=439
+  _globals['_ROLLOUTCONFIG']._serialized_end=595
+  _globals['_ATTEMPT']._serialized_start=598
+  _globals['_ATTEMPT']._serialized_end=866
+  _globals['_ROLLOUTMETADATA']._serialized_start=869
+  _globals['_ROLLOUTMETADATA']._serialized_end=1005
+  _globals['_ROLLOUTMETADATA_LABELSENTRY']._serialized_start=960
+  _globals['_ROLLOUTMETADATA_LABELSENTRY']._serialized_end=1005
+  _globals['_ROLLOUTSTATUS']._serialized_start=1008
+  _globals['_ROLLOUTSTATUS']._serialized_end=1505
+  _globals['_ROLLOUT']._serialized_start=1508
+  _globals['_ROLLOUT']._serialized_end=1696
+  _globals['_ROLLOUTSPEC']._serialized_start=1699
+  _globals['_ROLLOUTSPEC']._serialized_end=1852
 # @@protoc_insertion_point(module_scope)

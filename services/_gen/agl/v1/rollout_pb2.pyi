@@ -17,11 +17,36 @@ class RolloutState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROLLOUT_STATE_RUNNING: _ClassVar[RolloutState]
     ROLLOUT_STATE_SUCCEEDED: _ClassVar[RolloutState]
     ROLLOUT_STATE_FAILED: _ClassVar[RolloutState]
+
+class FailureReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FAILURE_REASON_UNSPECIFIED: _ClassVar[FailureReason]
+    FAILURE_REASON_EXIT_CODE: _ClassVar[FailureReason]
+    FAILURE_REASON_KILLED: _ClassVar[FailureReason]
+    FAILURE_REASON_TIMEOUT: _ClassVar[FailureReason]
+    FAILURE_REASON_LAUNCH_ERROR: _ClassVar[FailureReason]
+    FAILURE_REASON_LOST: _ClassVar[FailureReason]
+    FAILURE_REASON_LAUNCHER_DIED: _ClassVar[FailureReason]
+    FAILURE_REASON_JOB_FAILED: _ClassVar[FailureReason]
+    FAILURE_REASON_CONTROLLER_SHUTDOWN: _ClassVar[FailureReason]
+    FAILURE_REASON_INVALID_CONFIG: _ClassVar[FailureReason]
+    FAILURE_REASON_INTERNAL: _ClassVar[FailureReason]
 ROLLOUT_STATE_UNSPECIFIED: RolloutState
 ROLLOUT_STATE_QUEUING: RolloutState
 ROLLOUT_STATE_RUNNING: RolloutState
 ROLLOUT_STATE_SUCCEEDED: RolloutState
 ROLLOUT_STATE_FAILED: RolloutState
+FAILURE_REASON_UNSPECIFIED: FailureReason
+FAILURE_REASON_EXIT_CODE: FailureReason
+FAILURE_REASON_KILLED: FailureReason
+FAILURE_REASON_TIMEOUT: FailureReason
+FAILURE_REASON_LAUNCH_ERROR: FailureReason
+FAILURE_REASON_LOST: FailureReason
+FAILURE_REASON_LAUNCHER_DIED: FailureReason
+FAILURE_REASON_JOB_FAILED: FailureReason
+FAILURE_REASON_CONTROLLER_SHUTDOWN: FailureReason
+FAILURE_REASON_INVALID_CONFIG: FailureReason
+FAILURE_REASON_INTERNAL: FailureReason
 
 class LocalLaunchConfig(_message.Message):
     __slots__ = ("agent_class", "command", "env_map")
@@ -46,15 +71,51 @@ class K8sLaunchConfig(_message.Message):
     job_template: str
     def __init__(self, job_template: _Optional[str] = ...) -> None: ...
 
+class RetryPolicy(_message.Message):
+    __slots__ = ("max_attempts", "retry_on", "initial_backoff_seconds", "max_backoff_seconds", "backoff_multiplier")
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_ON_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_BACKOFF_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BACKOFF_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BACKOFF_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    max_attempts: int
+    retry_on: _containers.RepeatedScalarFieldContainer[FailureReason]
+    initial_backoff_seconds: float
+    max_backoff_seconds: float
+    backoff_multiplier: float
+    def __init__(self, max_attempts: _Optional[int] = ..., retry_on: _Optional[_Iterable[_Union[FailureReason, str]]] = ..., initial_backoff_seconds: _Optional[float] = ..., max_backoff_seconds: _Optional[float] = ..., backoff_multiplier: _Optional[float] = ...) -> None: ...
+
 class RolloutConfig(_message.Message):
-    __slots__ = ("timeout_seconds", "local", "k8s")
+    __slots__ = ("timeout_seconds", "local", "k8s", "retry")
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_FIELD_NUMBER: _ClassVar[int]
     K8S_FIELD_NUMBER: _ClassVar[int]
+    RETRY_FIELD_NUMBER: _ClassVar[int]
     timeout_seconds: float
     local: LocalLaunchConfig
     k8s: K8sLaunchConfig
-    def __init__(self, timeout_seconds: _Optional[float] = ..., local: _Optional[_Union[LocalLaunchConfig, _Mapping]] = ..., k8s: _Optional[_Union[K8sLaunchConfig, _Mapping]] = ...) -> None: ...
+    retry: RetryPolicy
+    def __init__(self, timeout_seconds: _Optional[float] = ..., local: _Optional[_Union[LocalLaunchConfig, _Mapping]] = ..., k8s: _Optional[_Union[K8sLaunchConfig, _Mapping]] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ...) -> None: ...
+
+class Attempt(_message.Message):
+    __slots__ = ("attempt_id", "number", "state", "failure_reason", "error_message", "launcher_ref", "start_time", "end_time")
+    ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHER_REF_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    attempt_id: str
+    number: int
+    state: RolloutState
+    failure_reason: FailureReason
+    error_message: str
+    launcher_ref: str
+    start_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    def __init__(self, attempt_id: _Optional[str] = ..., number: _Optional[int] = ..., state: _Optional[_Union[RolloutState, str]] = ..., failure_reason: _Optional[_Union[FailureReason, str]] = ..., error_message: _Optional[str] = ..., launcher_ref: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class RolloutMetadata(_message.Message):
     __slots__ = ("labels", "data_json")
@@ -72,7 +133,7 @@ class RolloutMetadata(_message.Message):
     def __init__(self, labels: _Optional[_Mapping[str, str]] = ..., data_json: _Optional[str] = ...) -> None: ...
 
 class RolloutStatus(_message.Message):
-    __slots__ = ("state", "error_message", "attempt_id", "launcher_ref", "controller_id", "version", "create_time", "update_time", "start_time", "end_time", "revision")
+    __slots__ = ("state", "error_message", "attempt_id", "launcher_ref", "controller_id", "version", "create_time", "update_time", "start_time", "end_time", "revision", "attempts", "retry_time", "failure_reason")
     STATE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +145,9 @@ class RolloutStatus(_message.Message):
     START_TIME_FIELD_NUMBER: _ClassVar[int]
     END_TIME_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_TIME_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     state: RolloutState
     error_message: str
     attempt_id: str
@@ -95,7 +159,10 @@ class RolloutStatus(_message.Message):
     start_time: _timestamp_pb2.Timestamp
     end_time: _timestamp_pb2.Timestamp
     revision: int
-    def __init__(self, state: _Optional[_Union[RolloutState, str]] = ..., error_message: _Optional[str] = ..., attempt_id: _Optional[str] = ..., launcher_ref: _Optional[str] = ..., controller_id: _Optional[str] = ..., version: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
+    attempts: _containers.RepeatedCompositeFieldContainer[Attempt]
+    retry_time: _timestamp_pb2.Timestamp
+    failure_reason: FailureReason
+    def __init__(self, state: _Optional[_Union[RolloutState, str]] = ..., error_message: _Optional[str] = ..., attempt_id: _Optional[str] = ..., launcher_ref: _Optional[str] = ..., controller_id: _Optional[str] = ..., version: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revision: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., retry_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., failure_reason: _Optional[_Union[FailureReason, str]] = ...) -> None: ...
 
 class Rollout(_message.Message):
     __slots__ = ("rollout_id", "input_json", "is_train", "config", "metadata", "status")
