@@ -126,8 +126,8 @@ def check_engines(settings: TrainerSettings) -> None:
 def run(config: Any) -> None:
     """Validates the AGL settings on the driver (fail fast, no GPU needed), then runs the Ray job."""
     settings = settings_from_config(config)
-    check_config(config)
     check_device(config)
+    check_config(config)
     check_engines(settings)
     if str(config.trainer.get("device", "cuda")) == "cpu":
         prepare_cpu(config)
