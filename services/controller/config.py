@@ -26,6 +26,9 @@
 | k8s: --job-burst | AGL_CONTROLLER_JOB_BURST | 10 Jobs created back to back at most |
 | k8s: --job-ttl | AGL_CONTROLLER_JOB_TTL | 600 s (ttlSecondsAfterFinished) |
 | k8s: --reconcile-interval | AGL_CONTROLLER_RECONCILE_INTERVAL | 30 s between full re-lists of Jobs |
+| k8s: --template-timeout | AGL_CONTROLLER_TEMPLATE_TIMEOUT | 5 s to render one Job template |
+| k8s: --template-memory-mb | AGL_CONTROLLER_TEMPLATE_MEMORY_MB | 1024 MiB address space of the render worker |
+| k8s: --template-max-bytes | AGL_CONTROLLER_TEMPLATE_MAX_BYTES | 1048576 bytes of rendered template at most |
 
 Local agents inherit the controller's environment minus every AGL_* variable, plus §3 and env_map.
 """
@@ -67,6 +70,9 @@ class ControllerConfig:
     job_burst: int
     job_ttl_s: int
     reconcile_interval_s: float
+    template_timeout_s: float = 5.0
+    template_memory_bytes: int = 1 << 30
+    template_max_bytes: int = 1 << 20
     # The environment local agents start from (AGL_* removed); never logged.
     agent_base_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     python: str = sys.executable
@@ -138,6 +144,15 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--reconcile-interval", type=float, default=float(default("AGL_CONTROLLER_RECONCILE_INTERVAL", "30"))
     )
+    parser.add_argument(
+        "--template-timeout", type=float, default=float(default("AGL_CONTROLLER_TEMPLATE_TIMEOUT", "5"))
+    )
+    parser.add_argument(
+        "--template-memory-mb", type=int, default=int(default("AGL_CONTROLLER_TEMPLATE_MEMORY_MB", "1024"))
+    )
+    parser.add_argument(
+        "--template-max-bytes", type=int, default=int(default("AGL_CONTROLLER_TEMPLATE_MAX_BYTES", str(1 << 20)))
+    )
     return parser
 
 
@@ -153,6 +168,9 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         parser.error("--launcher-idle must be positive")
     if not args.controller_id:
         parser.error("--controller-id must not be empty")
+    if args.template_timeout <= 0 or args.template_memory_mb < 128 or args.template_max_bytes < 1024:
+        parser.error("--template-timeout must be positive, --template-memory-mb at least 128, "
+                     "--template-max-bytes at least 1024")  # fmt: skip
     try:
         selector = parse_label_selector(args.label_selector)
     except ValueError as err:
@@ -183,5 +201,8 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         job_burst=args.job_burst,
         job_ttl_s=args.job_ttl,
         reconcile_interval_s=args.reconcile_interval,
+        template_timeout_s=args.template_timeout,
+        template_memory_bytes=args.template_memory_mb << 20,
+        template_max_bytes=args.template_max_bytes,
         agent_base_env={k: v for k, v in env.items() if not k.startswith("AGL_")},
     )

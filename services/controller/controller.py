@@ -22,7 +22,7 @@ from services._gen.agl.v1 import rollout_pb2
 from services.client import LedgerClient, LedgerError
 
 from .metrics import ControllerMetrics
-from .outcome import INVALID_CONFIG, SHUTDOWN, ConfigError, Outcome
+from .outcome import INTERNAL, INVALID_CONFIG, SHUTDOWN, ConfigError, Outcome
 from .runner import LaunchPlan, Runner
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,8 @@ class Controller:
         self._shutdown_timeout_s = shutdown_timeout_s
         self._pending: dict[str, rollout_pb2.Rollout] = {}
         self._live: dict[str, asyncio.Task[None]] = {}
+        # Rollouts queued again for a retry whose backoff has not passed: offered when it has.
+        self._waiting: dict[str, asyncio.TimerHandle] = {}
         self._stopping = False
 
     # -- main loop -------------------------------------------------------------------------------------------
@@ -106,6 +108,8 @@ class Controller:
             if message.type == pb.ROLLOUT_CHANGE_TYPE_SNAPSHOT:
                 if synced:  # the client started over with a fresh snapshot: what we hold may be stale
                     self._pending.clear()
+                    for rollout_id in list(self._waiting):
+                        self._drop_waiting(rollout_id)
                     synced = False
                 self._offer(message.rollout)
             elif message.type == pb.ROLLOUT_CHANGE_TYPE_SYNCED:
@@ -115,14 +119,37 @@ class Controller:
                     self._offer(message.rollout)
                 else:
                     self._pending.pop(message.rollout.rollout_id, None)
+                    self._drop_waiting(message.rollout.rollout_id)
             elif message.type == pb.ROLLOUT_CHANGE_TYPE_DELETE:
                 self._pending.pop(message.rollout.rollout_id, None)
+                self._drop_waiting(message.rollout.rollout_id)
             self._fill()
 
     def _offer(self, rollout: rollout_pb2.Rollout) -> None:
         # Kept even while a handler for the same rollout runs: a claim that lost to a newer version of a still
         # queuing rollout is retried with that version once the handler is done.
-        self._pending[rollout.rollout_id] = rollout
+        rollout_id = rollout.rollout_id
+        self._drop_waiting(rollout_id)
+        wait_s = (
+            rollout.status.retry_time.ToNanoseconds() / 1e9 - time.time()
+            if rollout.status.HasField("retry_time")
+            else 0.0
+        )
+        if wait_s > 0:  # queued again for a retry: not before the policy's backoff
+            self._waiting[rollout_id] = asyncio.get_running_loop().call_later(wait_s, self._offer_waited, rollout)
+            return
+        self._pending[rollout_id] = rollout
+
+    def _offer_waited(self, rollout: rollout_pb2.Rollout) -> None:
+        self._waiting.pop(rollout.rollout_id, None)
+        if not self._stopping:
+            self._pending[rollout.rollout_id] = rollout
+            self._fill()
+
+    def _drop_waiting(self, rollout_id: str) -> None:
+        handle = self._waiting.pop(rollout_id, None)
+        if handle is not None:
+            handle.cancel()
 
     def _offer_later(self, rollout: rollout_pb2.Rollout, delay_s: float = 1.0) -> None:
         """After a transient ledger error: try the rollout again in a moment (the claim is a CAS, so it is safe)."""
@@ -165,7 +192,7 @@ class Controller:
         rollout_id = rollout.rollout_id
         attempt_id = uuid.uuid4().hex
         try:
-            plan = self._runner.prepare(rollout, attempt_id)
+            plan = await self._runner.prepare(rollout, attempt_id)
         except ConfigError as err:
             await self._fail_queued(rollout, str(err))
             return
@@ -181,7 +208,7 @@ class Controller:
             claimed = await asyncio.shield(claim)
         except asyncio.CancelledError:
             if await claim:
-                await self._report(rollout_id, Outcome.failure(SHUTDOWN, SHUTDOWN_REASON))
+                await self._report(rollout_id, plan.attempt_id, Outcome.failure(SHUTDOWN, SHUTDOWN_REASON))
             raise
         if not claimed:
             return
@@ -193,7 +220,7 @@ class Controller:
             outcome = await self._runner.resume(rollout)
         finally:
             self._metrics.running.dec()
-        await self._report(rollout.rollout_id, outcome)
+        await self._report(rollout.rollout_id, rollout.status.attempt_id, outcome)
 
     async def _claim(self, rollout: rollout_pb2.Rollout, plan: LaunchPlan) -> bool:
         rollout_id = rollout.rollout_id
@@ -241,6 +268,7 @@ class Controller:
                 error_message=reason,
                 controller_id=self._id,
                 expected_version=rollout.status.version,
+                failure_reason=rollout_pb2.FAILURE_REASON_INVALID_CONFIG,
             )
         except LedgerError as err:
             if err.code() not in _LOST:
@@ -264,48 +292,74 @@ class Controller:
             # Local agents die with the controller. A Job (even one whose creation was in flight) is left to the
             # next run, which adopts it or reports it missing.
             if self._runner.kills_on_shutdown:
-                await asyncio.shield(self._report(plan.rollout_id, Outcome.failure(SHUTDOWN, SHUTDOWN_REASON)))
+                shutdown = Outcome.failure(SHUTDOWN, SHUTDOWN_REASON)
+                await asyncio.shield(self._report(plan.rollout_id, plan.attempt_id, shutdown))
             raise
         except Exception as err:
             log.exception("rollout %s: runner error", plan.rollout_id)
-            outcome = Outcome.failure("internal", f"controller error: {type(err).__name__}: {err}")
+            outcome = Outcome.failure(INTERNAL, f"controller error: {type(err).__name__}: {err}")
         finally:
             self._metrics.running.dec()
-        await self._report(plan.rollout_id, outcome)
+        await self._report(plan.rollout_id, plan.attempt_id, outcome)
 
-    async def _report(self, rollout_id: str, outcome: Outcome) -> None:
+    async def _report(self, rollout_id: str, attempt_id: str, outcome: Outcome) -> None:
+        """Reports how the attempt ended. The ledger decides whether a failure ends the rollout or, under its retry
+        policy, puts it back in the queue for its next attempt."""
         state = SUCCEEDED if outcome.succeeded else FAILED
         deadline = time.monotonic() + self._report_retry_s
         while True:
             try:
-                await self._ledger.update_status(rollout_id, state, error_message=outcome.reason)
+                rollout = await self._ledger.update_status(
+                    rollout_id,
+                    state,
+                    error_message=outcome.reason,
+                    failure_reason=outcome.failure_reason,
+                    ending_attempt_id=attempt_id,
+                )
                 break
             except LedgerError as err:
                 if err.code() in _RETRYABLE and time.monotonic() < deadline:
                     await asyncio.sleep(1.0)
                     continue
-                if err.code() == grpc.StatusCode.FAILED_PRECONDITION and await self._already(rollout_id, state):
+                if err.code() == grpc.StatusCode.FAILED_PRECONDITION and (
+                    rollout := await self._already(rollout_id, attempt_id, state)
+                ):
                     break  # a retry whose first try had applied
                 log.warning(
-                    "rollout %s: could not report %s (%s: %s)",
+                    "rollout %s: could not report %s of attempt %s (%s: %s)",
                     rollout_id,
                     rollout_pb2.RolloutState.Name(state),
+                    attempt_id,
                     err.code().name,
                     err.details(),
                 )
                 return
+        number = next((a.number for a in rollout.status.attempts if a.attempt_id == attempt_id), 0)
+        reason = "succeeded" if outcome.succeeded else (outcome.kind or "other")
+        self._metrics.attempts_ended.labels(reason, str(min(number, 10))).inc()
         if outcome.succeeded:
             self._metrics.succeeded.inc()
-            log.info("rollout %s: succeeded", rollout_id)
+            log.info("rollout %s: succeeded (attempt %s)", rollout_id, attempt_id)
+        elif rollout.status.state == QUEUING:
+            self._metrics.retried.labels(reason).inc()
+            log.info(
+                "rollout %s: attempt %s (#%d) failed: %s; queued for attempt %d",
+                rollout_id, attempt_id, number, outcome.reason, len(rollout.status.attempts) + 1,
+            )  # fmt: skip
         else:
-            self._metrics.failed.labels(outcome.kind or "other").inc()
-            log.info("rollout %s: failed: %s", rollout_id, outcome.reason)
+            self._metrics.failed.labels(reason).inc()
+            log.info("rollout %s: failed (attempt %s): %s", rollout_id, attempt_id, outcome.reason)
 
-    async def _already(self, rollout_id: str, state: int) -> bool:
+    async def _already(self, rollout_id: str, attempt_id: str, state: int) -> rollout_pb2.Rollout | None:
+        """The rollout when the attempt's end was recorded already (an earlier try applied), else None."""
         try:
-            return (await self._ledger.get_rollout(rollout_id)).status.state == state
+            rollout = await self._ledger.get_rollout(rollout_id)
         except LedgerError:
-            return False
+            return None
+        for attempt in rollout.status.attempts:
+            if attempt.attempt_id == attempt_id:
+                return rollout if attempt.state == state else None
+        return rollout if rollout.status.state == state else None
 
     # -- shutdown --------------------------------------------------------------------------------------------
 
@@ -313,6 +367,8 @@ class Controller:
         """Stop claiming; local agents are killed and their rollouts failed, Jobs are left for the next run."""
         self._stopping = True
         self._pending.clear()
+        for rollout_id in list(self._waiting):
+            self._drop_waiting(rollout_id)
         if watch is not None:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

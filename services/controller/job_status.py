@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .outcome import JOB_FAILED, VANISHED, Outcome, timed_out
+from .outcome import EVICTED, JOB_FAILED, VANISHED, Outcome, timed_out
 
 _MAX_DETAIL = 1500
 
@@ -31,6 +31,24 @@ def job_outcome(job: Mapping[str, Any]) -> Outcome | None:
 
 def vanished(namespace: str, name: str) -> Outcome:
     return Outcome.failure(VANISHED, f"Job {namespace}/{name} vanished before it finished")
+
+
+# Pod status reasons that mean the node or the cluster took the pod away, not that the agent failed.
+_LOST_POD_REASONS = frozenset({"Evicted", "Preempted", "Preempting", "NodeLost", "Shutdown", "Terminated"})
+
+
+def lost_pod(pods: Sequence[Mapping[str, Any]]) -> str:
+    """The reason of a pod the cluster took away (evicted, preempted, node lost), or "" when none was."""
+    for pod in pods:
+        reason = (pod.get("status") or {}).get("reason") or ""
+        if reason in _LOST_POD_REASONS:
+            return reason
+    return ""
+
+
+def as_lost(outcome: Outcome, reason: str) -> Outcome:
+    """A Job failure whose pod was taken away: an infrastructure loss (retryable), not the agent's answer."""
+    return Outcome(False, f"{outcome.reason} (pod {reason})", EVICTED)
 
 
 def describe_pods(pods: Sequence[Mapping[str, Any]]) -> str:

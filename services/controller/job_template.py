@@ -39,11 +39,15 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:_HASH_LEN]
 
 
-def job_name(rollout_id: str) -> str:
-    """Deterministic DNS-1123 label (<= 63 chars) for the rollout's Job: readable stem plus a short hash."""
-    room = 63 - len(_NAME_PREFIX) - 1 - _HASH_LEN
+def job_name(rollout_id: str, attempt_number: int = 1) -> str:
+    """Deterministic DNS-1123 label (<= 63 chars) for the Job of the rollout's attempt: readable stem plus a short
+    hash; attempts after the first get their number (`-a2`), so a retry never collides with an earlier Job."""
+    key = rollout_id if attempt_number <= 1 else f"{rollout_id}#{attempt_number}"
+    suffix = "" if attempt_number <= 1 else f"-a{attempt_number}"
+    room = 63 - len(_NAME_PREFIX) - 1 - _HASH_LEN - len(suffix)
     stem = re.sub(r"[^a-z0-9]+", "-", rollout_id.lower()).strip("-")[:room].strip("-")
-    return f"{_NAME_PREFIX}{stem}-{_digest(rollout_id)}" if stem else f"{_NAME_PREFIX}{_digest(rollout_id)}"
+    stem = f"{stem}{suffix}" if stem else suffix.lstrip("-")
+    return f"{_NAME_PREFIX}{stem}-{_digest(key)}" if stem else f"{_NAME_PREFIX}{_digest(key)}"
 
 
 def label_value(value: str) -> str:
@@ -115,7 +119,64 @@ def yaml_escape(value: Any) -> str:
 
 # -- rendering ------------------------------------------------------------------------------------------------
 
-_ENV = SandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
+# Most bytes a rendered template may have; also bounds what one `*` or `+` in it may build.
+MAX_OUTPUT_BYTES = 1 << 20
+# Largest integer (in bits) one arithmetic operation may produce: 10**10000000 has 33 million bits.
+MAX_INT_BITS = 4096
+
+
+class LimitedSandbox(SandboxedEnvironment):
+    """Jinja2's sandbox, plus arithmetic that cannot explode: `**`, `*` and `+` whose result would be an integer
+    over MAX_INT_BITS or a string or list over MAX_OUTPUT_BYTES are refused before they are computed (and so are
+    never folded at compile time either)."""
+
+    intercepted_binops = frozenset({"**", "*", "+"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**":
+            _check_power(left, right)
+        elif operator == "*":
+            _check_product(left, right)
+        elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+            _check_size(len(left) + len(right), f"{operator} of sequences")
+        return super().call_binop(context, operator, left, right)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_power(base: Any, exponent: Any) -> None:
+    if (
+        _is_int(base)
+        and _is_int(exponent)
+        and exponent > 0
+        and abs(base) > 1
+        and exponent * math.log2(abs(base)) > MAX_INT_BITS
+    ):
+        raise jinja2.exceptions.SecurityError(
+            f"{base} ** {exponent} would exceed {MAX_INT_BITS} bits: refused in a Job template"
+        )
+
+
+def _check_product(left: Any, right: Any) -> None:
+    if _is_int(left) and _is_int(right):
+        if left.bit_length() + right.bit_length() > MAX_INT_BITS:
+            raise jinja2.exceptions.SecurityError(f"a product over {MAX_INT_BITS} bits is refused in a Job template")
+        return
+    for seq, times in ((left, right), (right, left)):
+        if isinstance(seq, (str, list, tuple)) and _is_int(times):
+            _check_size(len(seq) * max(times, 0), "repetition")
+
+
+def _check_size(size: int, what: str) -> None:
+    if size > MAX_OUTPUT_BYTES:
+        raise jinja2.exceptions.SecurityError(
+            f"{what} of {size} items is over the {MAX_OUTPUT_BYTES}-byte output limit: refused in a Job template"
+        )
+
+
+_ENV = LimitedSandbox(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
 _ENV.filters["yaml_escape"] = yaml_escape
 
 
@@ -124,10 +185,23 @@ def _compile(template: str) -> jinja2.Template:
     return _ENV.from_string(template)
 
 
-def render_text(template: str, context: Mapping[str, Any]) -> str:
-    """The template rendered with `context`; any template error becomes ConfigError."""
+def render_text(template: str, context: Mapping[str, Any], max_bytes: int = MAX_OUTPUT_BYTES) -> str:
+    """The template rendered with `context`, at most `max_bytes` of it; any template error becomes ConfigError."""
     try:
-        return _compile(template).render(**context)
+        parts: list[str] = []
+        size = 0
+        for part in _compile(template).generate(**context):
+            size += len(part)
+            if size > max_bytes:
+                raise ConfigError(f"invalid Job template: it renders to more than {max_bytes} bytes (the limit)")
+            parts.append(part)
+        return "".join(parts)
+    except ConfigError:
+        raise
+    except jinja2.exceptions.SecurityError as err:
+        raise ConfigError(f"invalid Job template: {err}") from err
+    except MemoryError as err:
+        raise ConfigError("invalid Job template: rendering it ran out of memory (the render limit)") from err
     except jinja2.TemplateSyntaxError as err:
         raise ConfigError(f"invalid Job template: syntax error at line {err.lineno}: {err.message}") from err
     except jinja2.UndefinedError as err:
@@ -188,10 +262,15 @@ def render_job(
     ttl_seconds_after_finished: int,
     controller_id: str = "",
     is_train: bool = True,
+    attempt_number: int = 1,
+    max_bytes: int = MAX_OUTPUT_BYTES,
 ) -> dict[str, Any]:
-    """The Job manifest for one attempt, ready for create_namespaced_job. Raises ConfigError when unusable."""
+    """The Job manifest for one attempt, ready for create_namespaced_job. Raises ConfigError when unusable.
+
+    Pure but unbounded in time and memory for a hostile template: the controller runs it in a render worker
+    (`template_worker`) with limits, never in its event loop."""
     context = {"input": input_value, "rollout_id": rollout_id, "attempt_id": attempt_id, "is_train": is_train}
-    job = parse_job(render_text(template, context))
+    job = parse_job(render_text(template, context, max_bytes))
     labels = {
         MANAGED_BY_LABEL: MANAGED_BY,
         ROLLOUT_LABEL: label_value(rollout_id),
@@ -199,7 +278,7 @@ def render_job(
     }
     metadata = _mapping(job, "metadata")
     metadata.pop("generateName", None)
-    metadata["name"] = job_name(rollout_id)
+    metadata["name"] = job_name(rollout_id, attempt_number)
     metadata["namespace"] = namespace
     metadata["labels"] = {**(_mapping(metadata, "labels")), **labels}
     annotations = {ROLLOUT_ANNOTATION: rollout_id, ATTEMPT_ANNOTATION: attempt_id}

@@ -20,19 +20,19 @@ from typing import Any
 from services._gen.agl.v1 import rollout_pb2
 
 from .agent_env import agent_env
-from .job_status import describe_pods, job_outcome, vanished, with_detail
+from .job_status import as_lost, describe_pods, job_outcome, lost_pod, vanished, with_detail
 from .job_template import (
     ATTEMPT_ANNOTATION,
     CONTROLLER_ANNOTATION,
     MANAGED_SELECTOR,
     ROLLOUT_ANNOTATION,
     job_name,
-    render_job,
 )
 from .k8s_api import KubeError, KubeJobs, ResourceExpired
 from .outcome import JOB_FAILED, JOB_REJECTED, SPAWN_ERROR, VANISHED, ConfigError, Outcome
 from .rate_limit import TokenBucket
 from .runner import LaunchPlan, template_context, timeout_of
+from .template_worker import TemplateWorker
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,10 @@ class K8sRunner:
         reconcile_interval_s: float,
         watch_timeout_s: int = 300,
         max_create_backoff_s: float = 10.0,
+        renderer: TemplateWorker | None = None,
     ) -> None:
         self._jobs = jobs
+        self._renderer = renderer or TemplateWorker(timeout_s=5.0, memory_bytes=1 << 30, max_output_bytes=1 << 20)
         self._namespace = jobs.namespace
         self._agent_url = agent_url
         self._key = key
@@ -101,16 +103,17 @@ class K8sRunner:
             self._reconciler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reconciler
+        await self._renderer.close()
 
     # -- the runner interface --------------------------------------------------------------------------------
 
-    def prepare(self, rollout: rollout_pb2.Rollout, attempt_id: str) -> LaunchPlan:
+    async def prepare(self, rollout: rollout_pb2.Rollout, attempt_id: str) -> LaunchPlan:
         template = rollout.config.k8s.job_template
         if not template.strip():
             raise ConfigError("rollout config has no Job template (config.k8s.job_template)")
         timeout_s = timeout_of(rollout, self._default_timeout_s)
         context = template_context(rollout, attempt_id)
-        manifest = render_job(
+        manifest = await self._renderer.render(
             template,
             input_value=context["input"],
             rollout_id=rollout.rollout_id,
@@ -121,6 +124,7 @@ class K8sRunner:
             ttl_seconds_after_finished=self._ttl,
             controller_id=self._controller_id,
             is_train=rollout.is_train,
+            attempt_number=len(rollout.status.attempts) + 1,
         )
         name = manifest["metadata"]["name"]
         return LaunchPlan(
@@ -149,7 +153,8 @@ class K8sRunner:
             self._tracked.pop(name, None)
 
     async def resume(self, rollout: rollout_pb2.Rollout) -> Outcome:
-        name = job_name(rollout.rollout_id)
+        attempts = rollout.status.attempts
+        name = job_name(rollout.rollout_id, attempts[-1].number if attempts else 1)
         tracked = self._track(rollout.rollout_id, rollout.status.attempt_id, name)
         try:
             job = await self._retrying(self._jobs.get, name)
@@ -250,6 +255,8 @@ class K8sRunner:
         try:
             pods = await asyncio.to_thread(self._jobs.pods, tracked.name)
             detail = describe_pods(pods)
+            if lost := lost_pod(pods):
+                outcome = as_lost(outcome, lost)
             for pod in pods:
                 for status in (pod.get("status") or {}).get("containerStatuses") or []:
                     tail = await asyncio.to_thread(

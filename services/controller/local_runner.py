@@ -179,7 +179,7 @@ class LocalRunner:
     def _pid_path(self, rollout_id: str) -> Path:
         return self._log_dir / f"{file_stem(rollout_id)}.pid"
 
-    def prepare(self, rollout: rollout_pb2.Rollout, attempt_id: str) -> LaunchPlan:
+    async def prepare(self, rollout: rollout_pb2.Rollout, attempt_id: str) -> LaunchPlan:
         local = rollout.config.local
         argv = local_argv(list(local.command), local.agent_class, self._python)
         mode = COMMAND if local.command else self._launch_mode(rollout)

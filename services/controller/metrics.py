@@ -42,6 +42,18 @@ class ControllerMetrics:
         self.failed = Counter(
             "agl_controller_failed", "Rollouts reported failed, by reason.", ["reason"], registry=self.registry
         )
+        self.attempts_ended = Counter(
+            "agl_controller_attempts_ended",
+            "Attempts that ended, by outcome (succeeded or the failure kind) and attempt number (10: 10 or more).",
+            ["reason", "attempt"],
+            registry=self.registry,
+        )
+        self.retried = Counter(
+            "agl_controller_attempts_retried",
+            "Failed attempts the ledger put back in the queue under the rollout's retry policy, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
         self.claim_conflicts = Counter(
             "agl_controller_claim_conflicts", "Claims lost to another controller.", registry=self.registry
         )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
+from services._gen.agl.v1 import rollout_pb2
+
 
 class ControllerError(Exception):
     """Base of the controller's domain errors."""
@@ -25,6 +27,26 @@ JOB_REJECTED = "job_rejected"
 VANISHED = "vanished"
 LAUNCHER_DIED = "launcher_died"
 SHUTDOWN = "shutdown"
+EVICTED = "evicted"
+INTERNAL = "internal"
+
+# Failure kind -> the ledger's FailureReason, which the rollout's retry policy is written in. A signal the
+# controller did not send (it sends one only on timeout or shutdown, reported as such) is a kill from outside.
+_R = rollout_pb2
+FAILURE_REASONS: dict[str, int] = {
+    INVALID_CONFIG: _R.FAILURE_REASON_INVALID_CONFIG,
+    SPAWN_ERROR: _R.FAILURE_REASON_LAUNCH_ERROR,
+    JOB_REJECTED: _R.FAILURE_REASON_LAUNCH_ERROR,
+    EXIT_CODE: _R.FAILURE_REASON_EXIT_CODE,
+    SIGNAL: _R.FAILURE_REASON_KILLED,
+    TIMEOUT: _R.FAILURE_REASON_TIMEOUT,
+    JOB_FAILED: _R.FAILURE_REASON_JOB_FAILED,
+    EVICTED: _R.FAILURE_REASON_LOST,
+    VANISHED: _R.FAILURE_REASON_LOST,
+    LAUNCHER_DIED: _R.FAILURE_REASON_LAUNCHER_DIED,
+    SHUTDOWN: _R.FAILURE_REASON_CONTROLLER_SHUTDOWN,
+    INTERNAL: _R.FAILURE_REASON_INTERNAL,
+}
 
 
 @dataclass(frozen=True)
@@ -34,6 +56,11 @@ class Outcome:
     succeeded: bool
     reason: str = ""
     kind: str = ""
+
+    @property
+    def failure_reason(self) -> int:
+        """The ledger's FailureReason for this failure (UNSPECIFIED for a success)."""
+        return 0 if self.succeeded else FAILURE_REASONS.get(self.kind, _R.FAILURE_REASON_INTERNAL)
 
     @classmethod
     def success(cls) -> Outcome:

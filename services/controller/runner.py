@@ -26,7 +26,7 @@ class LaunchPlan:
 
 
 class Runner(Protocol):
-    """What runs agents. prepare() is pure and may raise ConfigError; the rest talks to the world."""
+    """What runs agents. prepare() launches nothing and may raise ConfigError; the rest talks to the world."""
 
     name: str
     # True: agents die with the controller (local processes), so shutdown fails their rollouts.
@@ -37,7 +37,8 @@ class Runner(Protocol):
 
     async def close(self) -> None: ...
 
-    def prepare(self, rollout: rollout_pb2.Rollout, attempt_id: str) -> LaunchPlan: ...
+    async def prepare(self, rollout: rollout_pb2.Rollout, attempt_id: str) -> LaunchPlan:
+        """The launch plan; for a Job, its template is rendered in a worker process with limits."""
 
     async def admit(self) -> None:
         """Waits until one more launch is allowed (rate limit); called before claiming."""

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from services._gen.agl.v1 import model_pb2, rollout_pb2
 from services.client import LedgerClient
+from tests.controller.k8s_standin import K8sStandin
 from tests.support.procs import ServiceProcess, free_port, start_ledger, start_service, wait_http_ready
 
 KEY = "controller-test-master-key"
@@ -182,3 +184,15 @@ def read_metrics(url: str, expected: dict[str, float], timeout_s: float = 10.0) 
         if all(metric(text, name) == value for name, value in expected.items()) or time.monotonic() > deadline:
             return text
         time.sleep(0.05)
+
+
+RBAC = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "controller-rbac.yaml"
+
+
+@pytest.fixture
+def k8s(tmp_path: Path) -> Iterator[K8sStandin]:
+    """The stand-in API server, granting the controller exactly the Role in deploy/k8s/controller-rbac.yaml."""
+    [role] = [doc for doc in yaml.safe_load_all(RBAC.read_text()) if doc["kind"] == "Role"]
+    with K8sStandin(rbac_rules=role["rules"]) as standin:
+        yield standin
+        assert standin.forbidden == []

@@ -14,7 +14,7 @@ from services._gen.agl.v1 import rollout_pb2
 from services.client import LedgerClient, agent_token
 from services.controller.job_template import job_name
 from services.controller.k8s_api import KubeError, KubeJobs, load_api_client
-from tests.controller.conftest import KEY, Controller, Stack, run_controller, spec, wait_for
+from tests.controller.conftest import KEY, RBAC, Controller, Stack, run_controller, spec, wait_for
 from tests.controller.k8s_standin import K8sStandin
 
 NS = "agl-agents"
@@ -44,18 +44,6 @@ spec:
             - name: AGL_KEY
               value: not-the-token
 """
-
-
-RBAC = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "controller-rbac.yaml"
-
-
-@pytest.fixture
-def k8s(tmp_path: Path) -> Iterator[K8sStandin]:
-    """The stand-in API server, granting the controller exactly the Role in deploy/k8s/controller-rbac.yaml."""
-    [role] = [doc for doc in yaml.safe_load_all(RBAC.read_text()) if doc["kind"] == "Role"]
-    with K8sStandin(rbac_rules=role["rules"]) as standin:
-        yield standin
-        assert standin.forbidden == []
 
 
 @contextlib.contextmanager

@@ -43,12 +43,38 @@ def count_running(directory: str, marker: str) -> None:
     mine.unlink()
 
 
+def flaky(directory: str) -> None:
+    """One model call and a reward through the proxy; the first attempt (no `first.json` in `directory` yet) then
+    records its pid and environment and hangs until killed, later attempts exit 0."""
+    import httpx
+
+    base, events, key = (os.environ[k] for k in ("AGL_OPENAI_BASE_URL", "AGL_EVENT_URL", "AGL_KEY"))
+    first = Path(directory) / "first.json"
+    is_first = not first.exists()
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(timeout=30, headers=headers) as http:
+        body = {"model": "m", "messages": [{"role": "user", "content": "attempt"}], "max_tokens": 4}
+        http.post(f"{base}/chat/completions", json=body).raise_for_status()
+        value = 0.0 if is_first else 1.0
+        http.post(events, json={"event_type": "reward", "data": {"value": value}}).raise_for_status()
+    if is_first:
+        import json
+
+        env = {k: v for k, v in os.environ.items() if k.startswith("AGL_")}
+        Path(f"{first}.tmp").write_text(json.dumps({"pid": os.getpid(), "env": env}))
+        os.replace(f"{first}.tmp", first)
+        time.sleep(600)
+    print("second attempt done", flush=True)
+
+
 if __name__ == "__main__":
     mode, *args = sys.argv[1:]
     if mode == "family":
         spawn_family(*args)
     elif mode == "count":
         count_running(*args)
+    elif mode == "flaky":
+        flaky(*args)
     elif mode == "hang":
         print("hanging", flush=True)
         time.sleep(600)
