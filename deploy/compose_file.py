@@ -159,9 +159,11 @@ def load_compose(
     for name, svc in services.items():
         if svc.get("profiles") and not set(svc["profiles"]) & set(profiles):
             continue
+        if svc.get("restart") == "no":
+            continue  # a one-shot job (an engine's registration): local callers register the engine themselves
         build = svc.get("build") or images.get(svc.get("image", ""))
         if not isinstance(build, dict):
-            continue  # a third-party image (vLLM, grpcurl): not something to run from this checkout
+            continue  # a third-party image (vLLM): not something to run from this checkout
         image = parse_dockerfile((path.parent / build["context"] / build["dockerfile"]).resolve(), build.get("target"))
         entrypoint = [str(x) for x in svc["entrypoint"]] if "entrypoint" in svc else image.entrypoint
         # Like compose: `command` replaces CMD, and setting `entrypoint` drops the image's CMD.

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import json
+import asyncio
 import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
-from google.protobuf import json_format
 
 from deploy import local_stack
-from services._gen.agl.v1 import ledger_service_pb2
+from services.client import LedgerClient
 from tests.deploy.conftest import DEPLOY, REPO_ROOT, config_env_names
+from tests.support.procs import start_ledger
 
 COMPOSE = DEPLOY / "docker-compose.yaml"
 PROFILES = ("standin", "vllm", "engine", "ray", "console")
@@ -134,23 +135,38 @@ def test_every_command_is_a_console_script_or_a_third_party_image() -> None:
         assert spec.argv[0] in scripts or spec.argv[0] == "ray", spec
     services = _compose()["services"]
     third_party = {name for name, svc in services.items() if "build" not in svc and name not in specs}
-    assert third_party == {"register-standin", "vllm", "register-vllm", "register-engine"}
+    one_shot = {name for name, svc in services.items() if svc.get("restart") == "no"}
+    assert third_party - one_shot == {"vllm"}
+    # The registrations run the proxy image's Python: nothing from a registry the user has not built.
+    assert {services[name]["image"] for name in one_shot} == {"agl-proxy:${AGL_IMAGE_TAG:-latest}"}
 
 
 @pytest.mark.parametrize(
     ("service", "engine"), [("register-standin", "standin"), ("register-vllm", "vllm"), ("register-engine", "engine")]
 )
-def test_engine_registration_is_a_valid_register_models_call(service: str, engine: str) -> None:
-    document = local_stack.interpolate_tree(_compose(), {})  # as compose interpolates it with nothing set
-    args = document["services"][service]["command"]
-    assert args[-2:] == ["ledger:50051", "agl.v1.LedgerService/RegisterModels"]
-    method = ledger_service_pb2.DESCRIPTOR.services_by_name["LedgerService"].methods_by_name["RegisterModels"]
-    assert method.input_type.full_name == "agl.v1.RegisterModelsRequest"
-    body = args[args.index("-d") + 1]
-    request = json_format.Parse(body, ledger_service_pb2.RegisterModelsRequest())
-    assert request.endpoints[0].model_name == "agl-policy"
-    assert request.endpoints[0].endpoint == f"http://{engine}:8000/v1"
-    assert json.loads(body)["endpoints"][0]["endpoint"].startswith("http://")
+def test_engine_registration_registers_the_engine_with_a_real_ledger(service: str, engine: str) -> None:
+    # The one-shot's own script and arguments, as compose interpolates them with the key set, run against a
+    # real ledger that requires the key: the endpoint is then in the registry.
+    key = "register-test-key"
+    svc = local_stack.interpolate_tree(_compose(), {"AGL_KEY": key})["services"][service]
+    entrypoint, args = svc["entrypoint"], svc["command"]
+    assert entrypoint[:2] == ["python", "-c"] and args[0] == "ledger:50051"
+    assert svc["environment"]["AGL_KEY"] == key
+    with start_ledger(key=key) as ledger:
+        env = {**os.environ, "AGL_KEY": key, "PYTHONPATH": str(REPO_ROOT)}
+        argv = [sys.executable, "-c", entrypoint[2], f"127.0.0.1:{ledger.port}", *args[1:]]
+        result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+        assert result.returncode == 0, result.stderr
+
+        async def registered() -> list[tuple[str, str]]:
+            async with LedgerClient(f"127.0.0.1:{ledger.port}", key=key) as client:
+                return [(e.model_name, e.endpoint) for e in await client.list_models()]
+
+        assert asyncio.run(registered()) == [("agl-policy", f"http://{engine}:8000/v1")]
+        # Without the key the ledger refuses it, and the one-shot says so with a non-zero exit.
+        env.pop("AGL_KEY")
+        result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+        assert result.returncode != 0 and "UNAUTHENTICATED" in result.stderr
 
 
 def test_gpu_profiles_reserve_gpus() -> None:
