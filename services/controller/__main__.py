@@ -77,7 +77,9 @@ async def serve(config: ControllerConfig) -> None:
         max_concurrency=config.max_concurrency,
         metrics=metrics,
         label_selector=config.label_selector,
-        shutdown_timeout_s=config.kill_grace_s + 15.0,
+        # Agents get the kill grace, their reports a moment more; a rollout whose report missed it stays running
+        # under this controller id and is reconciled by its next start.
+        shutdown_timeout_s=config.kill_grace_s + 2.0,
     )
     log.info(
         "controller %s: runner %s, ledger %s, agents reach the proxy at %s, max concurrency %d",

@@ -84,7 +84,7 @@ class LauncherPool:
             self._died.discard(module)
             self._metrics.launcher_restarts.inc()
         if self._closed:
-            await launcher.close()
+            await launcher.close(timeout_s=1.0)
             raise LauncherUnavailable("controller shutting down")
         self._live[module] = launcher
         self._metrics.launchers.set(len(self._live))
@@ -137,7 +137,8 @@ class LauncherPool:
                 log.info("launcher for %s idle for %.0f s: stopping it", launcher.module, now - launcher.last_used)
                 self._retire(launcher)
 
-    async def close(self) -> None:
+    async def close(self, timeout_s: float = 1.0) -> None:
+        """Stops every launcher; one still busy (importing) after timeout_s is killed, so shutdown stays prompt."""
         self._closed = True
         for task in list(self._starting.values()):
             task.cancel()
@@ -146,5 +147,6 @@ class LauncherPool:
         launchers = [*self._live.values(), *self._retiring]
         self._live.clear()
         self._retiring.clear()
-        await asyncio.gather(*(launcher.close() for launcher in launchers), *self._closing, return_exceptions=True)
+        closing = (launcher.close(timeout_s) for launcher in launchers)
+        await asyncio.gather(*closing, *self._closing, return_exceptions=True)
         self._metrics.launchers.set(0)

@@ -136,8 +136,8 @@ class WarmLauncher:
         self._reader_task = asyncio.create_task(self._read(reader), name=f"launcher-{self.module}")
         try:
             ready = await asyncio.wait_for(asyncio.shield(self._ready), settings.ready_timeout_s)
-        except asyncio.CancelledError:
-            await asyncio.shield(self.close())
+        except asyncio.CancelledError:  # nothing forked yet: it need not be waited for
+            await asyncio.shield(self.close(timeout_s=1.0))
             raise
         except (TimeoutError, LauncherDied) as err:
             await self.close()
@@ -186,7 +186,9 @@ class WarmLauncher:
             self._writer.write(json.dumps(message).encode() + b"\n")
 
     async def close(self, timeout_s: float = 10.0) -> None:
-        """End of file to the launcher: it kills what is left of its children and exits."""
+        """End of file to the launcher: it kills what is left of its children and exits. One that does not within
+        timeout_s (busy importing, so it reads no end of file) is killed with its group, after the process groups
+        of the children it still had."""
         self.closing = True
         if self._writer is not None:
             self._writer.close()
@@ -194,6 +196,11 @@ class WarmLauncher:
             try:
                 await asyncio.wait_for(self._proc.wait(), timeout_s)
             except TimeoutError:
+                for pid in self.child_pids():
+                    with contextlib.suppress(OSError):
+                        os.killpg(pid, signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    os.killpg(self._proc.pid, signal.SIGKILL)  # its own session: the launcher and anything it left
                 with contextlib.suppress(ProcessLookupError):
                     self._proc.kill()
                 await self._proc.wait()
