@@ -38,6 +38,18 @@ async def test_a_killed_attempt_is_retried_and_the_rollout_succeeds_on_attempt_t
         rid = created.rollout_id
         first = await wait_file(tmp_path / "first.json")
         os.kill(first["pid"], signal.SIGKILL)  # the pod's node died, the OOM killer struck: not the agent's answer
+        # While attempt 2 runs, attempt 1's agent (had it survived) can no longer call the model: its token and URL
+        # name a superseded attempt.
+        deadline = time.monotonic() + 30
+        while len((await ledger.get_rollout(rid)).status.attempts) < 2 or len(await ledger.list_events(rid, "*")) < 4:
+            assert time.monotonic() < deadline, "attempt 2 did not get going"
+            await asyncio.sleep(0.05)
+        env = first["env"]
+        async with httpx.AsyncClient(timeout=10) as http:
+            body = {"model": "m", "messages": [{"role": "user", "content": "late"}], "max_tokens": 4}
+            headers = {"Authorization": f"Bearer {env['AGL_KEY']}"}
+            late_call = await http.post(f"{env['AGL_OPENAI_BASE_URL']}/chat/completions", json=body, headers=headers)
+        (tmp_path / "release").touch()
         rollout = (await wait_for(ledger, [rid]))[rid]
         metrics = read_metrics(
             controller.metrics_url, {'agl_controller_attempts_ended_total{attempt="2",reason="succeeded"}': 1}
@@ -65,16 +77,8 @@ async def test_a_killed_attempt_is_retried_and_the_rollout_succeeds_on_attempt_t
     assert [e.rollout.rollout_id for e in entries] == [rid]
     assert {e.attempt_id for e in entries[0].events} == {attempt_2.attempt_id}
 
-    # Attempt 1's agent, had it survived, can no longer call the model: its token names a superseded attempt.
-    env = first["env"]
-    async with httpx.AsyncClient(timeout=10) as http:
-        body = {"model": "m", "messages": [{"role": "user", "content": "late"}], "max_tokens": 4}
-        reply = await http.post(
-            f"{env['AGL_OPENAI_BASE_URL']}/chat/completions",
-            json=body,
-            headers={"Authorization": f"Bearer {env['AGL_KEY']}"},
-        )
-    assert reply.status_code in (404, 409), reply.text
+    assert late_call.status_code == 404, late_call.text
+    assert attempt_1.attempt_id in late_call.text
 
     assert metric(metrics, 'agl_controller_attempts_retried_total{reason="signal"}') == 1
     assert metric(metrics, 'agl_controller_attempts_ended_total{attempt="1",reason="signal"}') == 1

@@ -45,7 +45,7 @@ def count_running(directory: str, marker: str) -> None:
 
 def flaky(directory: str) -> None:
     """One model call and a reward through the proxy; the first attempt (no `first.json` in `directory` yet) then
-    records its pid and environment and hangs until killed, later attempts exit 0."""
+    records its pid and environment and hangs until killed, later attempts exit 0 once `release` exists."""
     import httpx
 
     base, events, key = (os.environ[k] for k in ("AGL_OPENAI_BASE_URL", "AGL_EVENT_URL", "AGL_KEY"))
@@ -64,6 +64,9 @@ def flaky(directory: str) -> None:
         Path(f"{first}.tmp").write_text(json.dumps({"pid": os.getpid(), "env": env}))
         os.replace(f"{first}.tmp", first)
         time.sleep(600)
+    release = Path(directory) / "release"
+    while not release.exists():  # the test acts while this attempt runs, then lets it end
+        time.sleep(0.02)
     print("second attempt done", flush=True)
 
 
