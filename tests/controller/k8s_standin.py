@@ -165,7 +165,17 @@ class K8sStandin:
         self._history.append((self._rv, namespace, kind, copy.deepcopy(obj)))
         self._cond.notify_all()
 
-    def _finish(self, namespace: str, name: str, ok: bool, reason: str, message: str, exit_code: int, log: str) -> None:
+    def _finish(
+        self,
+        namespace: str,
+        name: str,
+        ok: bool,
+        reason: str,
+        message: str,
+        exit_code: int,
+        log: str,
+        pod_reason: str = "",
+    ) -> None:
         job = self._jobs[(namespace, name)]
         status = job["status"]
         if any(c["type"] in ("Complete", "Failed") for c in status.get("conditions", [])):
@@ -184,10 +194,12 @@ class K8sStandin:
         if ok:
             status["completionTime"] = now
         if reason != "DeadlineExceeded":
-            self._add_pod(namespace, job, ok, exit_code, log)
+            self._add_pod(namespace, job, ok, exit_code, log, pod_reason)
         self._record(namespace, "MODIFIED", job)
 
-    def _add_pod(self, namespace: str, job: dict[str, Any], ok: bool, exit_code: int, log: str) -> None:
+    def _add_pod(
+        self, namespace: str, job: dict[str, Any], ok: bool, exit_code: int, log: str, pod_reason: str = ""
+    ) -> None:
         job_name = job["metadata"]["name"]
         pod_name = f"{job_name}-{uuid.uuid4().hex[:5]}"
         containers = job["spec"]["template"]["spec"]["containers"]
@@ -205,6 +217,10 @@ class K8sStandin:
                 "containerStatuses": [{"name": c["name"], "state": {"terminated": terminated}} for c in containers],
             },
         }
+        if pod_reason:  # taken away by the kubelet or the scheduler, as an evicted pod reports it
+            status = self._pods[(namespace, pod_name)]["status"]
+            message = f"The pod was {pod_reason.lower()}: the node was low on memory."
+            status |= {"reason": pod_reason, "message": message}
         self._logs[(namespace, pod_name)] = log
 
     def _deadline_loop(self) -> None:
@@ -249,6 +265,12 @@ class K8sStandin:
     ) -> None:
         with self._cond:
             self._finish(namespace, name, False, reason, message, exit_code, log)
+
+    def evict_job(self, namespace: str, name: str) -> None:
+        """The Job's pod is evicted (its container killed, exit 137): the Job fails as with backoffLimit 0."""
+        with self._cond:
+            message = "Job has reached the specified backoff limit"
+            self._finish(namespace, name, False, "BackoffLimitExceeded", message, 137, "", pod_reason="Evicted")
 
     def delete_job(self, namespace: str, name: str) -> bool:
         with self._cond:

@@ -13,7 +13,10 @@ import httpx
 
 from services._gen.agl.v1 import rollout_pb2
 from services.client import LedgerClient
+from services.controller.job_template import job_name
 from tests.controller.conftest import Stack, agent_command, metric, read_metrics, run_controller, spec, wait_for
+from tests.controller.k8s_standin import K8sStandin
+from tests.controller.test_k8s import NS, job_spec, k8s_controller, wait_job
 
 R = rollout_pb2
 SUCCEEDED = R.ROLLOUT_STATE_SUCCEEDED
@@ -112,3 +115,44 @@ async def test_exhausted_attempts_fail_once_and_an_exit_code_is_not_retried_by_d
     assert one.failure_reason == R.FAILURE_REASON_EXIT_CODE
     entries = [e async for e in _terminal(ledger, tmp_path.name)]
     assert sorted(e.rollout.rollout_id for e in entries) == sorted([retried.rollout_id, not_retried.rollout_id])
+
+
+async def test_an_evicted_job_is_retried_as_a_new_job_and_its_rollout_succeeds(
+    stack: Stack, ledger: LedgerClient, tmp_path: Path, k8s: K8sStandin
+) -> None:
+    created_spec = job_spec("What is 2 + 2?")
+    created_spec.config.retry.CopyFrom(R.RetryPolicy(max_attempts=2))
+    with k8s_controller(stack, tmp_path, k8s) as controller:
+        [created] = await ledger.create_rollouts([created_spec])
+        rid = created.rollout_id
+        first = await asyncio.to_thread(wait_job, k8s, rid)
+        k8s.evict_job(NS, first["metadata"]["name"])
+        second_name = job_name(rid, 2)
+        await asyncio.to_thread(k8s.wait_for, lambda: k8s.job(NS, second_name) is not None)
+        second = k8s.job(NS, second_name)
+        k8s.complete_job(NS, second_name)
+        rollout = (await wait_for(ledger, [rid]))[rid]
+        metrics = read_metrics(controller.metrics_url, {'agl_controller_attempts_retried_total{reason="evicted"}': 1})
+    status = rollout.status
+    assert status.state == SUCCEEDED, status.error_message
+    attempt_1, attempt_2 = status.attempts
+    assert attempt_1.failure_reason == R.FAILURE_REASON_LOST and "Evicted" in attempt_1.error_message
+    assert attempt_1.launcher_ref == f"job:{NS}/{first['metadata']['name']}"
+    assert attempt_2.launcher_ref == status.launcher_ref == f"job:{NS}/{second_name}"
+    assert second["metadata"]["annotations"]["agl.io/attempt-id"] == attempt_2.attempt_id != attempt_1.attempt_id
+    assert k8s.created == [first["metadata"]["name"], second_name]
+    assert metric(metrics, 'agl_controller_attempts_retried_total{reason="evicted"}') == 1
+
+
+async def test_a_failed_job_is_the_agents_answer_and_not_retried_by_default(
+    stack: Stack, ledger: LedgerClient, tmp_path: Path, k8s: K8sStandin
+) -> None:
+    created_spec = job_spec("What is 2 + 2?")
+    created_spec.config.retry.CopyFrom(R.RetryPolicy(max_attempts=3))
+    with k8s_controller(stack, tmp_path, k8s):
+        [created] = await ledger.create_rollouts([created_spec])
+        job = await asyncio.to_thread(wait_job, k8s, created.rollout_id)
+        k8s.fail_job(NS, job["metadata"]["name"], exit_code=3)
+        rollout = (await wait_for(ledger, [created.rollout_id]))[created.rollout_id]
+    assert rollout.status.state == FAILED
+    assert [a.failure_reason for a in rollout.status.attempts] == [R.FAILURE_REASON_JOB_FAILED]
