@@ -49,7 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training (the default)")
     group.add_argument("--steps", type=int, default=30, help="GRPO steps")
     group.add_argument("--tasks-per-step", type=int, default=8, help="tasks per step (GRPO groups)")
-    group.add_argument("--lr", type=float, default=5e-4, help="actor learning rate (0: a control run)")
+    group.add_argument("--lr", type=float, default=2e-4, help="actor learning rate (0: a control run)")
+    group.add_argument("--lr-warmup-steps", type=int, default=10, help="optimizer steps of linear lr warm-up")
+    group.add_argument("--mini-batches", type=int, default=2, help="optimizer updates per step (tasks split)")
     group.add_argument("--train-tasks", type=int, default=336, help="training tasks generated")
     group.add_argument("--val-tasks", type=int, default=64, help="held-out tasks (greedy accuracy)")
     group.add_argument("--warm-start-steps", type=int, default=250, help="supervised warm-start steps")
@@ -129,7 +131,8 @@ def trainer_overrides(
         "actor_rollout_ref.rollout.response_length=16",
         f"actor_rollout_ref.model.path={model_path}",
         f"actor_rollout_ref.actor.optim.lr={args.lr}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.tasks_per_step}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={max(1, args.tasks_per_step // max(1, args.mini_batches))}",
+        f"actor_rollout_ref.actor.optim.lr_warmup_steps={args.lr_warmup_steps}",
         f"trainer.total_training_steps={args.steps}",
         f"trainer.test_freq={args.steps}",
         "trainer.val_before_train=true",
@@ -220,7 +223,11 @@ def draw_curve(records: Sequence[Mapping[str, Any]], path: Path) -> Path:
         draw.line([margin - 4, y, margin, y], fill="black")
         draw.text((8, y - 6), f"{tick:.2f}", fill="black")
     draw.text((margin, 15), "AGL demo: training reward (blue) and held-out accuracy (red) by step", fill="black")
-    draw.text((width // 2 - 10, height - 30), "step", fill="black")
+    for tick in sorted({0, last // 2, last}):
+        x, _ = xy(tick, 0.0)
+        draw.line([x, height - margin, x, height - margin + 4], fill="black")
+        draw.text((x - 6, height - margin + 8), str(tick), fill="black")
+    draw.text((width // 2 - 10, height - 22), "step", fill="black")
     train = [xy(r["step"], r["data"]["agl/reward/mean"]) for r in records if "agl/reward/mean" in r["data"]]
     if len(train) > 1:
         draw.line(train, fill=(40, 90, 200), width=2)
