@@ -22,6 +22,10 @@ TRANSITIONS: dict[int, frozenset[int]] = {
 
 TERMINAL: frozenset[int] = frozenset({SUCCEEDED, FAILED})
 
+# running -> queuing is not in the table: no caller may ask for it. The ledger makes that move itself when a running
+# attempt is reported FAILED for a reason the rollout's RetryPolicy retries and attempts remain (see attempts.py).
+RETRY_MOVE: tuple[int, int] = (RUNNING, QUEUING)
+
 
 def state_name(state: int) -> str:
     """`ROLLOUT_STATE_RUNNING` -> `running`; unknown numbers are shown as numbers."""
