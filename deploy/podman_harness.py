@@ -257,6 +257,58 @@ def health_timer(podman: Podman) -> Iterator[None]:
         thread.join(90)
 
 
+class ComposeProject:
+    """deploy/docker-compose.yaml under one project name, driven by the docker-compose client over DOCKER_HOST."""
+
+    def __init__(
+        self, podman: Podman, docker_host: str, name: str, variables: dict[str, str], profiles: Sequence[str]
+    ) -> None:
+        self.podman = podman
+        self.name = name
+        # The caller's AGL_*/COMPOSE_* settings never leak in: only the variables given here.
+        env = {key: value for key, value in os.environ.items() if not key.startswith(("AGL_", "COMPOSE_", "DOCKER_"))}
+        self.env = {**env, **variables, "DOCKER_HOST": docker_host, "COMPOSE_PROJECT_NAME": name}
+        self.profiles = [arg for profile in profiles for arg in ("--profile", profile)]
+
+    def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        argv = ["docker-compose", "-f", str(REPO_ROOT / "deploy" / "docker-compose.yaml"), *self.profiles, *args]
+        result = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+        if result.returncode != 0:
+            raise HarnessError(f"{' '.join(argv)} exited {result.returncode}:\n{result.stderr[-4000:]}\n{self.logs()}")
+        return result
+
+    def up(self) -> float:
+        """`up -d --no-build` (images built first); returns the seconds until compose returned (all started)."""
+        started = time.monotonic()
+        self.compose("up", "-d", "--no-build")
+        return time.monotonic() - started
+
+    def down(self, volumes: bool = False) -> None:
+        self.compose("down", *(["--volumes"] if volumes else []))
+
+    def containers(self) -> dict[str, dict]:
+        """This project's containers (running or not) by compose service name: State, Health."""
+        label = f"label=com.docker.compose.project={self.name}"
+        found = json.loads(self.podman.run("ps", "-a", "--format", "json", "--filter", label).stdout or "[]")
+        result = {}
+        for item in found:
+            service = (item.get("Labels") or {}).get("com.docker.compose.service", item["Names"][0])
+            result[service] = self.podman.inspect(item["Id"])["State"]
+        return result
+
+    def volumes(self) -> list[str]:
+        names = self.podman.run("volume", "ls", "--format", "{{.Name}}").stdout.split()
+        return [name for name in names if name.startswith(f"{self.name}_")]
+
+    def logs(self, tail: int = 40) -> str:
+        label = f"label=com.docker.compose.project={self.name}"
+        lines = []
+        for container in self.podman.run("ps", "-a", "-q", "--filter", label, check=False).stdout.split():
+            out = self.podman.run("logs", "--tail", str(tail), container, check=False)
+            lines.append(f"--- {container} ---\n{out.stdout}{out.stderr}")
+        return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.podman_harness", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)

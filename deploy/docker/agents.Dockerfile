@@ -11,8 +11,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN groupadd --system --gid 10001 agl \
     && useradd --system --uid 10001 --gid agl --home-dir /nonexistent --no-create-home agl
 
-# The version range of the `examples` extra in pyproject.toml.
-RUN pip install "openai>=1.60,<4"
+# The version ranges of the `examples` extra in pyproject.toml.
+RUN pip install "openai>=1.60,<4" "httpx>=0.28,<1"
 
 COPY examples /app/examples
 USER 10001:10001

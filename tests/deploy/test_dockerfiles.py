@@ -80,9 +80,10 @@ def test_extras_the_images_install_exist_in_pyproject() -> None:
 
 def test_agents_image_pins_the_sdk_like_the_examples_extra() -> None:
     pyproject = (REPO_ROOT / "pyproject.toml").read_text()
-    wanted = re.search(r'^examples = \["([^"]+)"\]', pyproject, flags=re.M)
+    wanted = re.search(r"^examples = \[(.+)\]$", pyproject, flags=re.M)
     assert wanted is not None
-    assert f'pip install "{wanted.group(1)}"' in _text("agents")
+    requirements = re.findall(r'"([^"]+)"', wanted.group(1))
+    assert requirements and "pip install " + " ".join(f'"{r}"' for r in requirements) in _text("agents")
     assert "COPY examples /app/examples" in _text("agents")
 
 
