@@ -24,7 +24,7 @@ def build_runner(config: ControllerConfig, metrics: ControllerMetrics) -> Runner
         from .k8s_api import KubeJobs, load_api_client
         from .k8s_runner import K8sRunner
         from .rate_limit import TokenBucket
-        from .template_worker import TemplateWorker
+        from .template_worker import TemplateWorkers
 
         rate = config.max_jobs_per_minute / 60.0
         return K8sRunner(
@@ -36,7 +36,8 @@ def build_runner(config: ControllerConfig, metrics: ControllerMetrics) -> Runner
             ttl_seconds_after_finished=config.job_ttl_s,
             bucket=TokenBucket(rate, min(float(config.job_burst), max(config.max_jobs_per_minute, 1.0))),
             reconcile_interval_s=config.reconcile_interval_s,
-            renderer=TemplateWorker(
+            renderer=TemplateWorkers(
+                config.template_workers,
                 timeout_s=config.template_timeout_s,
                 memory_bytes=config.template_memory_bytes,
                 max_output_bytes=config.template_max_bytes,

@@ -29,6 +29,7 @@
 | k8s: --template-timeout | AGL_CONTROLLER_TEMPLATE_TIMEOUT | 5 s to render one Job template |
 | k8s: --template-memory-mb | AGL_CONTROLLER_TEMPLATE_MEMORY_MB | 1024 MiB address space of the render worker |
 | k8s: --template-max-bytes | AGL_CONTROLLER_TEMPLATE_MAX_BYTES | 1048576 bytes of rendered template at most |
+| k8s: --template-workers | AGL_CONTROLLER_TEMPLATE_WORKERS | 2 render worker processes |
 
 Local agents inherit the controller's environment minus every AGL_* variable, plus §3 and env_map.
 """
@@ -73,6 +74,7 @@ class ControllerConfig:
     template_timeout_s: float = 5.0
     template_memory_bytes: int = 1 << 30
     template_max_bytes: int = 1 << 20
+    template_workers: int = 2
     # The environment local agents start from (AGL_* removed); never logged.
     agent_base_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     python: str = sys.executable
@@ -153,6 +155,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--template-max-bytes", type=int, default=int(default("AGL_CONTROLLER_TEMPLATE_MAX_BYTES", str(1 << 20)))
     )
+    parser.add_argument("--template-workers", type=int, default=int(default("AGL_CONTROLLER_TEMPLATE_WORKERS", "2")))
     return parser
 
 
@@ -171,6 +174,8 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
     if args.template_timeout <= 0 or args.template_memory_mb < 128 or args.template_max_bytes < 1024:
         parser.error("--template-timeout must be positive, --template-memory-mb at least 128, "
                      "--template-max-bytes at least 1024")  # fmt: skip
+    if not 1 <= args.template_workers <= 64:
+        parser.error("--template-workers must be between 1 and 64")
     try:
         selector = parse_label_selector(args.label_selector)
     except ValueError as err:
@@ -204,5 +209,6 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         template_timeout_s=args.template_timeout,
         template_memory_bytes=args.template_memory_mb << 20,
         template_max_bytes=args.template_max_bytes,
+        template_workers=args.template_workers,
         agent_base_env={k: v for k, v in env.items() if not k.startswith("AGL_")},
     )

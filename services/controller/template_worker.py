@@ -1,10 +1,10 @@
 """Job templates rendered away from the controller's event loop, within time, memory and output-size limits.
 
 A rollout's Jinja2 template is user input: even in the sandbox it can loop for minutes or allocate gigabytes.
-Rendering runs in one long-lived worker process (`python -m services.controller.template_worker`) whose address
-space is capped (RLIMIT_AS); the controller waits for each answer at most the time limit, then kills the worker,
-starts a fresh one and fails only that rollout. Other rollouts are never held up by a template: the event loop
-only writes a request line and awaits the answer line.
+Rendering runs in a few long-lived worker processes (`python -m services.controller.template_worker`) whose
+address space is capped (RLIMIT_AS); the controller waits for each answer at most the time limit, then kills the
+worker, starts a fresh one and fails only that rollout. The event loop only writes a request line and awaits the
+answer line, and the other workers keep rendering while one is stuck on a hostile template.
 
 Wire: one JSON object per line each way. Request {"template", "args" (render_job's keyword arguments)}; answer
 {"job": manifest} or {"error": message}.
@@ -96,6 +96,31 @@ class TemplateWorker:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
+
+
+class TemplateWorkers:
+    """A few render workers, so a template that runs into the time limit holds up no other rollout's render."""
+
+    def __init__(self, count: int, *, timeout_s: float, memory_bytes: int, max_output_bytes: int) -> None:
+        self.workers = [
+            TemplateWorker(timeout_s=timeout_s, memory_bytes=memory_bytes, max_output_bytes=max_output_bytes)
+            for _ in range(max(1, count))
+        ]
+        self._idle: asyncio.Queue[TemplateWorker] | None = None
+
+    async def render(self, template: str, **args: Any) -> dict[str, Any]:
+        if self._idle is None:
+            self._idle = asyncio.Queue()
+            for worker in self.workers:
+                self._idle.put_nowait(worker)
+        worker = await self._idle.get()
+        try:
+            return await worker.render(template, **args)
+        finally:
+            self._idle.put_nowait(worker)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(worker.close() for worker in self.workers))
 
 
 def _plain(value: Any) -> Any:
