@@ -77,3 +77,17 @@ bench: $(VENV)/.installed-dev
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) data demo-output .pytest_cache .ruff_cache
+
+# Containers with podman (Debian: apt-get install podman runc mmdebstrap catatonit docker-compose
+# golang-github-containernetworking-plugin-dnsname): a local Debian base tagged python:3.11-slim-bookworm, then
+# the images from deploy/docker (deploy/podman_harness.py). `images` builds the light ones, `images-all` adds the
+# CPU engine and the trainer (GBs), `compose-test` builds and runs the compose stack's tests.
+.PHONY: images images-all compose-test
+images: $(VENV)/.installed-dev
+	$(PY) -m deploy.podman_harness build
+
+images-all: $(VENV)/.installed-dev
+	$(PY) -m deploy.podman_harness build all
+
+compose-test: $(VENV)/.installed-dev
+	$(PY) -m pytest tests/deploy/test_containers.py -m containers

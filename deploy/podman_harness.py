@@ -172,6 +172,8 @@ def build(podman: Podman, names: Sequence[str]) -> dict[str, float]:
         log.info("building %s", image.tag)
         podman.run(*image.build_args(), timeout=3600 if image.heavy else 900)
         seconds[name] = time.monotonic() - started
+    # The images a rebuild replaced (tagless now): each is hundreds of MB, and CI machines build every run.
+    podman.run("image", "prune", "--force", timeout=300)
     return seconds
 
 

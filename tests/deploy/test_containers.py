@@ -34,7 +34,8 @@ from services.standin.tokenizer import ToyTokenizer, token_logprob
 from tests.deploy.conftest import DOCKER
 from tests.support.procs import free_port
 
-pytestmark = pytest.mark.containers
+# Building the images is part of the first test's setup: minutes, not the suite's default 300 s per test.
+pytestmark = [pytest.mark.containers, pytest.mark.timeout(1800)]
 
 KEY = "compose-test-key"
 MODEL = "agl-policy"
