@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import sys
 
 import uvicorn
 
@@ -10,12 +12,17 @@ from . import serving
 from .app import create_app
 from .client_limits import limits_for
 from .config import parse_config
+from .readiness import key_refused_at_start
 
 
 def main() -> None:
     config = parse_config()
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    refused = asyncio.run(key_refused_at_start(config.ledger, config.key))
+    if refused:  # like the controller: a key the ledger refuses is fixed by the operator, not by retrying
+        logging.getLogger("services.proxy").error("%s; exiting", refused)
+        sys.exit(2)
     limits = limits_for(config)
     serving.configure(limits)
     options = {

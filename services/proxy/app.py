@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -33,6 +34,7 @@ from .coordination import Coordinator
 from .errors import ProxyError
 from .gateway import LedgerGateway
 from .metrics import ProxyMetrics
+from .readiness import Readiness, backoff_s
 from .recording import agent_event
 from .rest_routes import RestFacade
 from .retry import RetryPolicy
@@ -97,7 +99,10 @@ class Proxy:
         self.client = LedgerClient(config.ledger, config.key, call_timeout_s=config.ledger_timeout_s)
         self.gateway = LedgerGateway(self.client, config.rollout_cache_ttl_s, config.ledger_timeout_s)
         replica_id = config.replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.coordinator = Coordinator(self.client, replica_id, config.heartbeat_s, config.replica_ttl_s, self.metrics)
+        self.readiness = Readiness(config.ledger)
+        self.coordinator = Coordinator(
+            self.client, replica_id, config.heartbeat_s, config.replica_ttl_s, self.metrics, self.readiness
+        )
         self.routing = RoutingTable(config.model_name)
         policy = RetryPolicy(config.retry_attempts, config.retry_initial_backoff_s, config.retry_max_backoff_s)
         self.upstream = Upstream(
@@ -135,16 +140,27 @@ class Proxy:
         )
 
     async def _follow_models(self) -> None:
+        failures = 0
+
         def changed() -> None:
+            nonlocal failures
+            failures = 0
             self.metrics.endpoints.set(len(self.routing.endpoints))
+            self.readiness.models_seen = True
+            self.readiness.succeeded()
             self._models_seen.set()
 
         while True:
             try:
                 await self.gateway.follow_models(self.routing, changed)
+            except grpc.aio.AioRpcError as err:  # a status the client does not resume (e.g. a refused key)
+                failures += 1
+                self.readiness.failed(err)
+                await asyncio.sleep(backoff_s(failures))
             except Exception:
+                failures += 1
                 log.exception("models stream failed; retrying")
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(backoff_s(failures))
 
     async def stop(self) -> None:
         await stop_tasks(self._tasks)
@@ -254,6 +270,12 @@ def create_app(config: ProxyConfig) -> Starlette:
         status["in_flight"] = proxy.coordinator.in_flight
         return JSONResponse(status)
 
+    async def readyz(request: Request) -> Response:
+        """200 while the ledger answers the proxy's key and the model registry has been seen, else 503 with why."""
+        status = proxy.readiness.describe()
+        status["endpoints"] = len(proxy.routing.endpoints)
+        return JSONResponse(status, status_code=200 if proxy.readiness.ready else 503)
+
     async def metrics(request: Request) -> Response:
         proxy.metrics.engine_connections.set(proxy.upstream.pool.opened)
         proxy.metrics.append_batches.set(proxy.gateway.append_requests)
@@ -332,6 +354,7 @@ def create_app(config: ProxyConfig) -> Starlette:
         Route(f"{_PREFIX}/responses", responses, methods=["POST"]),
         Route("/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", events, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/admin/pause", pause, methods=["POST"]),
         Route("/admin/resume", resume, methods=["POST"]),

@@ -26,6 +26,7 @@ from services.client import LedgerClient
 from .background import stop_tasks
 from .errors import ProxyError, ledger_error
 from .metrics import ProxyMetrics
+from .readiness import REFUSED_CODES, Readiness, backoff_s
 
 log = logging.getLogger(__name__)
 _DRAIN_POLL_S = 0.05
@@ -33,9 +34,16 @@ _DRAIN_POLL_S = 0.05
 
 class Coordinator:
     def __init__(
-        self, client: LedgerClient, replica_id: str, heartbeat_s: float, ttl_s: float, metrics: ProxyMetrics
+        self,
+        client: LedgerClient,
+        replica_id: str,
+        heartbeat_s: float,
+        ttl_s: float,
+        metrics: ProxyMetrics,
+        readiness: Readiness | None = None,
     ) -> None:
         self.client = client
+        self.readiness = readiness or Readiness(client.address)
         self.replica_id = replica_id
         self.heartbeat_s = heartbeat_s
         self.ttl_s = ttl_s
@@ -95,13 +103,19 @@ class Coordinator:
             await self.client.report_proxy_replica(self.replica_id, 0, self.generation, self.ttl_s, leaving=True)
 
     async def _watch(self) -> None:
+        failures = 0
         while True:
             try:
                 async for control in self.client.watch_proxy_control():
+                    failures = 0
+                    self.readiness.succeeded()
                     self.apply(control)
             except grpc.aio.AioRpcError as err:
-                log.warning("proxy control watch failed (%s); retrying", err.code().name)
-                await asyncio.sleep(1.0)
+                # Logged by the readiness tracker once per change of state (a refused key is one clear line).
+                failures += 1
+                self.readiness.failed(err)
+                log.debug("proxy control watch failed (%s); retrying", err.code().name)
+                await asyncio.sleep(backoff_s(failures))
 
     async def _heartbeat(self) -> None:
         while True:
@@ -109,16 +123,24 @@ class Coordinator:
                 control = await self.client.report_proxy_replica(
                     self.replica_id, self.in_flight, self.generation, self.ttl_s
                 )
+                self.readiness.succeeded()
                 self.apply(control)
                 if self._report_failures:
                     log.info("replica %s reporting again", self.replica_id)
                 self._report_failures = 0
             except grpc.aio.AioRpcError as err:
                 self._report_failures += 1
-                if self._report_failures in (1, 10) or self._report_failures % 100 == 0:
+                self.readiness.failed(err)
+                if err.code() not in REFUSED_CODES and (
+                    self._report_failures in (1, 10) or self._report_failures % 100 == 0
+                ):
                     log.warning("replica report failed %d time(s): %s", self._report_failures, err.code().name)
+            wait_s = self.heartbeat_s
+            if self._report_failures and self.readiness.state != "ok":
+                # Backs off while the ledger is away or refuses the key; a heartbeat is still cheap, so the cap is low.
+                wait_s = max(self.heartbeat_s, min(backoff_s(self._report_failures, self.heartbeat_s), 10.0))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._report_now.wait(), self.heartbeat_s)
+                await asyncio.wait_for(self._report_now.wait(), wait_s)
             self._report_now.clear()
 
     # -- management -------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
     "upstream_unreachable": (502, "upstream_error"),
     "no_endpoint": (503, "service_unavailable_error"),
     "ledger_unavailable": (503, "service_unavailable_error"),
+    "ledger_refused": (503, "service_unavailable_error"),
     "upstream_timeout": (504, "upstream_error"),
 }
 
@@ -41,6 +42,9 @@ LEDGER_STATUS_KINDS: dict[str, str] = {
     "RESOURCE_EXHAUSTED": "ledger_unavailable",
     "ABORTED": "ledger_unavailable",
     "CANCELLED": "ledger_unavailable",
+    # The ledger refuses the proxy's own key: the operator's mistake, not the agent's; nothing was recorded.
+    "UNAUTHENTICATED": "ledger_refused",
+    "PERMISSION_DENIED": "ledger_refused",
 }
 
 
@@ -71,4 +75,6 @@ def ledger_error(status_name: str, details: str, what: str) -> ProxyError:
         kind = "internal"
     if kind == "ledger_unavailable":
         return ProxyError(kind, f"The ledger is unavailable ({status_name}: {details}); the call was not recorded.")
+    if kind == "ledger_refused":
+        return ProxyError(kind, "The ledger refused the proxy's key (see the proxy's log); the call was not recorded.")
     return ProxyError(kind, details or f"{what} failed: {status_name}")

@@ -1,0 +1,98 @@
+"""What the proxy knows about its ledger, for /readyz and for the one clear line a refused key deserves.
+
+Liveness (/healthz) only says the process answers. Readiness says the proxy can do its work: its last contact with
+the ledger succeeded and it has seen the model registry. Every background call to the ledger (heartbeat, the models
+and control streams) reports here, so a ledger that goes away or starts refusing the key turns /readyz to 503 within
+one heartbeat, and back to 200 on the next success. A refused key is logged once per change of state, as one line
+that says what to fix, not as a traceback per retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+
+from services.client import LedgerClient, RetryPolicy
+
+log = logging.getLogger(__name__)
+
+REFUSED_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+OK = "ok"
+UNREACHABLE = "ledger_unreachable"
+REFUSED = "ledger_refused_key"
+UNKNOWN = "not_synced"
+
+
+def refused_message(ledger: str, details: str) -> str:
+    return (
+        f"the ledger at {ledger} refused the proxy's key ({details or 'UNAUTHENTICATED'}): "
+        "give the proxy the ledger's key (--key or AGL_KEY)"
+    )
+
+
+class Readiness:
+    """The state of the proxy's ledger connection, updated by every background ledger call."""
+
+    def __init__(self, ledger: str) -> None:
+        self.ledger = ledger
+        self.state = UNKNOWN
+        self.detail = "no answer from the ledger yet"
+        self.since = time.monotonic()
+        self.models_seen = False
+
+    def succeeded(self) -> None:
+        if self.state != OK:
+            if self.state in (REFUSED, UNREACHABLE):
+                log.info("ledger at %s answers again", self.ledger)
+            self._set(OK, "")
+
+    def failed(self, err: grpc.aio.AioRpcError) -> None:
+        code = err.code()
+        if code in REFUSED_CODES:
+            if self.state != REFUSED:
+                log.error("%s", refused_message(self.ledger, err.details() or code.name))
+            self._set(REFUSED, f"the ledger refused the proxy's key ({code.name})")
+        else:
+            if self.state != UNREACHABLE:
+                log.warning("ledger at %s unreachable (%s); retrying with backoff", self.ledger, code.name)
+            self._set(UNREACHABLE, f"the ledger did not answer ({code.name})")
+
+    def _set(self, state: str, detail: str) -> None:
+        if state != self.state:
+            self.since = time.monotonic()
+        self.state = state
+        self.detail = detail
+
+    @property
+    def ready(self) -> bool:
+        return self.state == OK and self.models_seen
+
+    def describe(self) -> dict[str, object]:
+        reason = self.detail if self.state != OK else ("" if self.models_seen else "model registry not seen yet")
+        return {
+            "ready": self.ready,
+            "ledger": self.state,
+            "reason": reason,
+            "for_seconds": round(time.monotonic() - self.since, 3),
+        }
+
+
+def backoff_s(failures: int, initial_s: float = 1.0, ceiling_s: float = 30.0) -> float:
+    """Seconds to wait after `failures` consecutive failures of a background stream (doubling, capped)."""
+    return min(initial_s * 2 ** max(failures - 1, 0), ceiling_s)
+
+
+async def key_refused_at_start(ledger: str, key: str | None, timeout_s: float = 5.0) -> str | None:
+    """One cheap ledger call before serving: the message to exit with if the ledger refuses the key, else None.
+
+    A ledger that does not answer yet is not a reason to exit (the proxy serves, not ready, and keeps trying)."""
+    async with LedgerClient(ledger, key, retry=RetryPolicy(attempts=1), call_timeout_s=timeout_s) as client:
+        try:
+            await client.get_proxy_control()
+        except grpc.aio.AioRpcError as err:
+            if err.code() in REFUSED_CODES:
+                return refused_message(ledger, err.details() or err.code().name)
+            log.warning("ledger at %s not answering at start (%s); serving, not ready", ledger, err.code().name)
+    return None
