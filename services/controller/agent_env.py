@@ -1,4 +1,10 @@
-"""The environment an agent is launched with: the §3 variables and the rollout's env_map fields."""
+"""The environment an agent is launched with: the §3 variables and the rollout's env_map fields.
+
+An env_map value is a path into the rollout when its first dotted part names a field of the template context
+(`input`, `input.question`, `rollout_id`, ...); any other value is passed through as a literal, as Agent Lightning
+v1.0 does with values that do not start with `input.` (`{"MODE": "fast"}` sets MODE=fast). A path that does not
+resolve is still an error naming the path.
+"""
 
 from __future__ import annotations
 
@@ -54,6 +60,11 @@ def lookup_path(root: Mapping[str, Any], path: str) -> Any:
     return value
 
 
+def is_path(value: str, context: Mapping[str, Any]) -> bool:
+    """Whether an env_map value refers into the rollout (its first dotted part is a context field)."""
+    return value.split(".", 1)[0] in context
+
+
 def env_value(value: Any) -> str:
     """Strings as they are; anything else as JSON."""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
@@ -67,5 +78,6 @@ def resolve_env_map(env_map: Mapping[str, str], context: Mapping[str, Any]) -> d
             raise ConfigError(f"env_map has an invalid variable name {name!r}")
         if name in AGENT_VARS:
             raise ConfigError(f"env_map may not set {name}: the controller sets it")
-        env[name] = env_value(lookup_path(context, env_map[name]))
+        value = env_map[name]
+        env[name] = env_value(lookup_path(context, value)) if is_path(value, context) else value
     return env
