@@ -15,6 +15,7 @@ from .errors import ProxyError
 OK = event_pb2.MODEL_REQUEST_STATUS_OK
 ERROR = event_pb2.MODEL_REQUEST_STATUS_ERROR
 INCOMPLETE = event_pb2.MODEL_REQUEST_STATUS_INCOMPLETE
+REWARD = "reward"
 _REWARD_FIELDS = ("value", "message", "source", "reason")
 
 
@@ -82,6 +83,34 @@ def _json_text(value: Any) -> str:
         raise ProxyError("invalid_event", "The event's `data` is nested too deeply to be stored.") from None
 
 
+def _near(word: str, target: str) -> bool:
+    """Whether `word` is at most one edit (insert, delete, substitute, swap of neighbours) away from `target`."""
+    if word == target:
+        return True
+    if abs(len(word) - len(target)) > 1:
+        return False
+    if len(word) == len(target):
+        diffs = [i for i, (a, b) in enumerate(zip(word, target, strict=True)) if a != b]
+        if len(diffs) == 1:
+            return True
+        i = diffs[0]
+        return len(diffs) == 2 and diffs[1] == i + 1 and word[i] == target[i + 1] and word[i + 1] == target[i]
+    short, long = (word, target) if len(word) < len(target) else (target, word)
+    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
+
+
+def misspelled_reward(event_type: str) -> bool:
+    """An event type that is surely meant as `reward` but is not it (`rewrd`, `Reward`, `rewards`, ` reward`).
+
+    Such an event would be stored as-is and the rollout would finish with no reward (the trainer then fills a
+    default): refused instead, with a 422 that names the right spelling. Types further away (`final_reward`,
+    `rewind`) are the agent's own and pass through untouched."""
+    if event_type == REWARD:
+        return False
+    normal = "".join(c for c in event_type.lower() if c.isalnum())
+    return _near(normal, REWARD)
+
+
 def agent_event(rollout_id: str, attempt_id: str, payload: Any) -> event_pb2.Event:
     """The event for a POST {"event_type": ..., "data": {...}} of an agent (422 when it is not acceptable)."""
     if not isinstance(payload, dict):
@@ -89,6 +118,12 @@ def agent_event(rollout_id: str, attempt_id: str, payload: Any) -> event_pb2.Eve
     event_type = payload.get("event_type")
     if not isinstance(event_type, str) or not event_type or event_type == "model_request":
         raise ProxyError("invalid_event", "`event_type` must be a non-empty string other than model_request.")
+    if misspelled_reward(event_type):
+        raise ProxyError(
+            "invalid_event",
+            f"`event_type` {event_type!r} looks like a misspelled reward: post"
+            ' {"event_type": "reward", "data": {"value": <number>}} (exactly "reward", lower case).',
+        )
     data = payload.get("data", {})
     event = event_pb2.Event(rollout_id=rollout_id, attempt_id=attempt_id, event_type=event_type)
     event_id = payload.get("event_id")
@@ -96,7 +131,7 @@ def agent_event(rollout_id: str, attempt_id: str, payload: Any) -> event_pb2.Eve
         if not isinstance(event_id, str):
             raise ProxyError("invalid_event", "`event_id` must be a string.")
         event.event_id = event_id
-    if event_type != "reward":
+    if event_type != REWARD:
         event.data_json = _json_text(data)
         return event
     if not isinstance(data, dict) or not _is_number(data.get("value")):
