@@ -1,0 +1,69 @@
+"""services.trainer.cpu_platform against the installed verl: the extension points it uses still exist, and
+its one patch still matches the function it wraps (the test fails if verl moves; the module pins 0.9.1)."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.trainer
+
+
+def test_verl_version_and_patched_function_are_what_the_module_was_written_against() -> None:
+    import verl
+    import verl.utils.distributed as distributed
+
+    from services.trainer.cpu_platform import VERL_VERSION
+
+    assert verl.__version__ == VERL_VERSION
+    original = distributed.initialize_global_process_group_ray
+    if getattr(original, "_agl_cpu", False):  # already patched in this process
+        return
+    assert list(inspect.signature(original).parameters) == ["timeout_second", "backend"]
+    # The reason for the patch: without a backend, verl builds "cpu:gloo,{device}:{backend}".
+    assert 'f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"' in inspect.getsource(original)
+
+
+def run_in_cpu_platform(code: str) -> str:
+    env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "services.trainer.cpu_platform", "VERL_PLATFORM": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_the_platform_is_selected_and_verl_workers_get_gloo_and_the_fsdp_engine() -> None:
+    code = (
+        "import verl, verl.workers.engine_workers as ew\n"
+        "from verl.utils.device import get_device_name, get_nccl_backend\n"
+        "from verl.workers.engine.base import EngineRegistry\n"
+        "from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead\n"
+        "engine = EngineRegistry.get_engine_cls('language_model', 'fsdp2')\n"
+        "patched = ew.initialize_global_process_group_ray._agl_cpu\n"
+        "print(get_device_name(), get_nccl_backend(), engine is FSDPEngineWithLMHead, patched)\n"
+    )
+    assert run_in_cpu_platform(code) == "cpu gloo True True"
+
+
+def test_a_process_group_comes_up_on_gloo() -> None:
+    code = (
+        "import os\n"
+        "os.environ.update(RANK='0', WORLD_SIZE='1', MASTER_ADDR='127.0.0.1', MASTER_PORT='29533')\n"
+        "import torch.distributed as dist, verl\n"
+        "import verl.workers.engine_workers as ew\n"
+        "ew.initialize_global_process_group_ray(timeout_second=60)\n"
+        "print(dist.get_backend())\n"
+        "dist.destroy_process_group()\n"
+    )
+    assert run_in_cpu_platform(code) == "gloo"
+
+
+def test_the_platform_is_never_picked_without_verl_platform() -> None:
+    code = "import services.trainer.cpu_platform as p\nprint(p.CpuPlatform().is_platform_available(True))\n"
+    env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "False"
