@@ -174,9 +174,12 @@ class RunningService:
 def child_environment(service_env: Mapping[str, str]) -> dict[str, str]:
     """This process's environment without AGL_* settings, plus the service's (as a container would get)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("AGL_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    users = os.environ.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"
     env.update(service_env)
+    # The service's own path (this checkout) first, then the user's: an agent class outside the repo still loads.
+    parts = [env.get("PYTHONPATH", "") if "PYTHONPATH" in service_env else str(REPO_ROOT), users]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for part in parts for p in part.split(os.pathsep) if p))
     return env
 
 

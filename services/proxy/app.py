@@ -35,7 +35,7 @@ from .errors import ProxyError
 from .gateway import LedgerGateway
 from .metrics import ProxyMetrics
 from .readiness import Readiness, backoff_s
-from .recording import agent_event
+from .recording import agent_event, refused_event
 from .rest_routes import RestFacade
 from .retry import RetryPolicy
 from .rewrite import CHAT, COMPLETIONS, MODES, RewriteSettings, parse_body
@@ -115,6 +115,7 @@ class Proxy:
         settings = RewriteSettings(config.model_name, config.train_temperature, config.val_temperature, config.logprobs)
         self.calls = ModelCalls(settings, self.gateway, self.coordinator, self.routing, self.upstream, self.metrics)
         self._models_seen = asyncio.Event()
+        self.refusals_noted: dict[tuple[str, str], None] = {}  # attempts whose first refused event is stored
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -251,7 +252,11 @@ def create_app(config: ProxyConfig) -> Starlette:
     async def events(request: Request) -> Response:
         rollout_id, attempt_id = scope_ids(request)
         body = parse_body(await _read_body(request, config.max_body_bytes), lenient=True)
-        event = agent_event(rollout_id, attempt_id, body)
+        try:
+            event = agent_event(rollout_id, attempt_id, body)
+        except ProxyError as err:
+            await note_refusal(rollout_id, attempt_id, err, body)
+            raise
         sequence = await proxy.gateway.append(event)
         proxy.metrics.events.labels(event.event_type).inc()
         # v1.0 answered with the stored Event (its clients validate `timestamp` and `data`); the time is the
@@ -263,6 +268,18 @@ def create_app(config: ProxyConfig) -> Starlette:
         except ValueError:  # data with NaN or Infinity (stored as given): not echoed
             answer["data"] = {}
             return JSONResponse(answer)
+
+    async def note_refusal(rollout_id: str, attempt_id: str, err: ProxyError, body: Any) -> None:
+        """The first refused event of an attempt is stored on the rollout as a warning (best effort)."""
+        log.info("rollout %s attempt %s: event refused (%d %s): %s", rollout_id, attempt_id, err.status, err.kind, err)
+        if (rollout_id, attempt_id) in proxy.refusals_noted:
+            return
+        proxy.refusals_noted[(rollout_id, attempt_id)] = None
+        while len(proxy.refusals_noted) > 10_000:
+            proxy.refusals_noted.pop(next(iter(proxy.refusals_noted)))
+        posted = body.get("event_type") if isinstance(body, dict) else None
+        with contextlib.suppress(ProxyError):  # the rollout finished or the ledger is away: the 422 still answers
+            await proxy.gateway.append(refused_event(rollout_id, attempt_id, err, posted))
 
     async def healthz(request: Request) -> Response:
         status = {"status": "ok", "replica_id": proxy.coordinator.replica_id, "model": config.model_name}

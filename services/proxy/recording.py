@@ -83,6 +83,20 @@ def _json_text(value: Any) -> str:
         raise ProxyError("invalid_event", "The event's `data` is nested too deeply to be stored.") from None
 
 
+REFUSED_EVENT = "proxy_refused_event"
+
+
+def refused_event(rollout_id: str, attempt_id: str, err: ProxyError, posted_type: Any) -> event_pb2.Event:
+    """The warning stored on a rollout whose agent posted an event the proxy refused (e.g. a misspelled reward), so
+    the refusal is seen where people look at the rollout, not only in the agent's own output."""
+    data = {"status": err.status, "code": err.kind, "message": err.message}
+    if isinstance(posted_type, str):
+        data["event_type"] = posted_type[:200]
+    return event_pb2.Event(
+        rollout_id=rollout_id, attempt_id=attempt_id, event_type=REFUSED_EVENT, data_json=json.dumps(data)
+    )
+
+
 def _near(word: str, target: str) -> bool:
     """Whether `word` is at most one edit (insert, delete, substitute, swap of neighbours) away from `target`."""
     if word == target:

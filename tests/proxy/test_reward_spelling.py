@@ -1,6 +1,9 @@
-"""A reward posted under a near-miss event type is refused loudly (422 naming "reward"), never stored silently."""
+"""A reward posted under a near-miss event type is refused loudly (422 naming "reward", a warning event on the
+rollout), never stored silently as another type."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import pytest
@@ -25,13 +28,23 @@ async def test_near_miss_of_reward_is_422_naming_the_spelling_and_stores_nothing
     error = reply.json()["error"]
     assert error["code"] == "invalid_event"
     assert repr(event_type) in error["message"] and '"event_type": "reward"' in error["message"]
-    assert await client.list_events(rollout_id) == []
+    [warning] = await client.list_events(rollout_id)  # the refusal is stored on the rollout, once per attempt
+    assert warning.event_type == "proxy_refused_event"
+    assert json.loads(warning.data_json) == {
+        "status": 422,
+        "code": "invalid_event",
+        "message": error["message"],
+        "event_type": event_type,
+    }
+    again = httpx.post(event_url(proxy, rollout_id), json={"event_type": event_type, "data": {}}, headers=AUTH)
+    assert again.status_code == 422
+    assert len(await client.list_events(rollout_id)) == 1
 
     fixed = httpx.post(
         event_url(proxy, rollout_id), json={"event_type": "reward", "data": {"value": 1.0}}, headers=AUTH
     )
     assert fixed.status_code == 200
-    [event] = await client.list_events(rollout_id)
+    [_, event] = await client.list_events(rollout_id)
     assert event.event_type == "reward" and event.reward.value == 1.0
 
 
