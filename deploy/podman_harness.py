@@ -33,6 +33,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CACHE = REPO_ROOT / "data" / "containers"
 BASE_IMAGE = "python:3.11-slim-bookworm"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+# Where a sandbox keeps wheels its network cannot fetch (torch's CPU build: download.pytorch.org does not resolve
+# here). When it exists, heavy builds see it read-only as pip's --find-links; the Dockerfiles stay as they are.
+LOCAL_WHEELS = Path("/opt/wheels")
 TOOLS = ("podman", "runc", "mmdebstrap", "docker-compose", "catatonit")
 APT_PACKAGES = (
     "podman runc buildah mmdebstrap catatonit docker-compose golang-github-containernetworking-plugin-dnsname"
@@ -170,7 +173,15 @@ def build(podman: Podman, names: Sequence[str]) -> dict[str, float]:
         image = IMAGES[name]
         started = time.monotonic()
         log.info("building %s", image.tag)
-        podman.run(*image.build_args(), timeout=3600 if image.heavy else 900)
+        args = image.build_args()
+        if image.heavy and LOCAL_WHEELS.is_dir():
+            # pip reads /etc/pip.conf in every RUN step; the image keeps neither the file nor the wheels. PyPI as an
+            # extra index: what download.pytorch.org would also have served (torch's own requirements).
+            conf = podman.cache / "pip-local-wheels.conf"
+            conf.write_text(f"[global]\nfind-links = {LOCAL_WHEELS}\nextra-index-url = https://pypi.org/simple\n")
+            wheels = ["--volume", f"{LOCAL_WHEELS}:{LOCAL_WHEELS}:ro", "--volume", f"{conf}:/etc/pip.conf:ro"]
+            args = [args[0], *wheels, *args[1:]]
+        podman.run(*args, timeout=3600 if image.heavy else 900)
         seconds[name] = time.monotonic() - started
     # The images a rebuild replaced (tagless now): each is hundreds of MB, and CI machines build every run.
     podman.run("image", "prune", "--force", timeout=300)

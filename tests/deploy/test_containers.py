@@ -19,15 +19,17 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from deploy import compose_file, podman_harness
+from deploy import compose_file, kube_play, podman_harness
 from deploy.podman_harness import ComposeProject, Podman
-from services._gen.agl.v1 import rollout_pb2
+from services._gen.agl.v1 import model_pb2, rollout_pb2
 from services.client import LedgerClient
 from services.standin import model as standin_model
 from services.standin.tokenizer import ToyTokenizer, token_logprob
@@ -195,6 +197,71 @@ def test_images_are_built_on_the_base_the_dockerfiles_name(podman: Podman, built
     script = "import sys, services.ledger; print(sys.version_info[:2])"
     result = podman.run("run", "--rm", "--entrypoint", "python", "agl-ledger:latest", "-c", script)
     assert result.stdout.strip() == "(3, 11)"
+
+
+# -- Kubernetes manifests under podman kube play --------------------------------------------------------------
+
+
+def _ledger_health(address: str, key: str) -> int:
+    channel = grpc.insecure_channel(address)
+    try:
+        request = health_pb2.HealthCheckRequest()
+        answer = health_pb2_grpc.HealthStub(channel).Check(
+            request, metadata=[("authorization", f"Bearer {key}")], timeout=5
+        )
+        return answer.status
+    finally:
+        channel.close()
+
+
+def test_kube_play_runs_the_ledger_and_proxy_pods_of_deploy_k8s(
+    podman: Podman, built: dict[str, float], tmp_path: Path
+) -> None:
+    ports = {50051: free_port(), 9464: free_port(), 8080: free_port()}
+    manifest = tmp_path / "agl.yaml"
+    manifest.write_text(yaml.safe_dump_all(kube_play.render(ports)))
+    secret_name, content = kube_play.secret_content()
+    (tmp_path / "secret.json").write_bytes(content)
+    key = kube_play.secret_value("key")
+    network = f"aglkube{os.getpid()}"
+    podman.run("secret", "rm", secret_name, check=False)
+    podman.run("secret", "create", secret_name, str(tmp_path / "secret.json"))
+    podman.run("network", "create", network)
+    try:
+        podman.run("kube", "play", "--network", network, str(manifest), timeout=180)
+        ledger, proxy = f"127.0.0.1:{ports[50051]}", f"http://127.0.0.1:{ports[8080]}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if _ledger_health(ledger, key) == health_pb2.HealthCheckResponse.SERVING and _get(f"{proxy}/healthz"):
+                    break
+            except (grpc.RpcError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                logs = podman.run("pod", "logs", "agl-ledger", check=False).stdout[-3000:]
+                pytest.fail(f"ledger and proxy pods did not answer within 60 s\n{logs}")
+            time.sleep(1)
+
+        # The proxy pod found the ledger pod by its Service's name and follows its model registry, with the
+        # Secret's key: an endpoint registered over the ledger's published port shows up in the proxy's health.
+        async def register() -> None:
+            async with LedgerClient(ledger, key=key) as client:
+                await client.register_models([model_pb2.ModelEndpoint(model_name=MODEL, endpoint="http://e:1/v1")])
+
+        asyncio.run(register())
+        deadline = time.monotonic() + 30
+        while json.loads(_get(f"{proxy}/healthz")[1])["endpoints"] != ["http://e:1/v1"]:
+            assert time.monotonic() < deadline, _get(f"{proxy}/healthz")[1]
+            time.sleep(0.5)
+        assert json.loads(_get(f"{proxy}/healthz")[1])["replica_id"] == "agl-proxy-pod-0"
+        # Published on the host's loopback only (podman 4.3 would take 0.0.0.0 for a bare containerPort).
+        published = podman.run("ps", "--filter", "pod=agl-ledger", "--format", "{{.Ports}}").stdout
+        assert f"127.0.0.1:{ports[50051]}->50051/tcp" in published and "0.0.0.0" not in published
+    finally:
+        podman.run("kube", "play", "--down", str(manifest), check=False, timeout=180)
+        podman.run("volume", "rm", "--force", "agl-ledger-data", check=False)
+        podman.run("network", "rm", network, check=False)
+        podman.run("secret", "rm", secret_name, check=False)
 
 
 # -- the compose stack ----------------------------------------------------------------------------------------
