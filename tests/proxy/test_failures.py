@@ -111,7 +111,8 @@ async def test_nan_in_a_model_call_is_400_but_a_nan_reward_is_the_422_that_names
         headers={**AUTH, "content-type": "application/json"},
     )
     assert reward.status_code == 422 and "value" in reward.json()["error"]["message"]
-    assert await recorded(client, rollout_id) == []
+    # Only the proxy's warning about the refused reward is stored (issue 15), never the reward itself.
+    assert [e.event_type for e in await recorded(client, rollout_id)] == ["proxy_refused_event"]
 
 
 async def test_body_over_the_limit_is_413_with_or_without_content_length(proxy, client) -> None:
@@ -218,11 +219,12 @@ async def test_reward_is_ordered_after_the_calls_it_rewards(proxy, client) -> No
         )
     assert note.status_code == 200 and reward.status_code == 200
     events = await recorded(client, rollout_id)
-    assert [e.event_type for e in events] == ["model_request"] * 3 + ["note", "reward"]
+    # The refused reward is stored as the proxy's warning (issue 15), not as a reward.
+    assert [e.event_type for e in events] == ["model_request"] * 3 + ["proxy_refused_event", "note", "reward"]
     assert [e.sequence for e in events] == sorted(e.sequence for e in events)
     assert reward.json()["sequence"] == events[-1].sequence
     assert events[-1].reward.value == 0.5 and events[-1].reward.source == "judge"
-    assert json.loads(events[3].data_json) == {"k": [1, 2]}
+    assert json.loads(events[4].data_json) == {"k": [1, 2]}
 
 
 # -- disconnects -------------------------------------------------------------------------------------------------
