@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+import httpx
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
@@ -40,6 +42,7 @@ from tools import demo_train  # noqa: E402
 DEMO_LABEL = "agl-demo"
 MATH_AGENT = "examples.math_agent.agent:MathAgent"
 TASK_ENV = {"AGL_TASK_QUESTION": "input.question", "AGL_TASK_ANSWER": "input.answer"}
+REFUSED_EVENT = "proxy_refused_event"  # the proxy's warning when it refuses an agent's event (services/proxy)
 STATE_NAMES = {
     rollout_pb2.ROLLOUT_STATE_QUEUING: "queued",
     rollout_pb2.ROLLOUT_STATE_RUNNING: "running",
@@ -52,24 +55,71 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="demo", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--dataset", type=Path, default=REPO_ROOT / "examples" / "data" / "math.jsonl")
     parser.add_argument("--agent-class", default=MATH_AGENT, help="agent class the controller runs")
-    parser.add_argument("--samples", type=int, default=4, help="tasks taken from the dataset")
-    parser.add_argument("--group-size", type=int, default=None, help="rollouts per task (default 8; --quick 4)")
+    parser.add_argument("--samples", type=_positive_int, default=4, help="tasks taken from the dataset")
+    parser.add_argument(
+        "--group-size", type=_positive_int, default=None, help="rollouts per task (default 8; --quick 4)"
+    )
     parser.add_argument("--engine-url", default=os.environ.get("ENGINE_URL", ""), help="real engine (ENGINE_URL)")
     parser.add_argument("--data-dir", type=Path, default=Path("data"), help="ledger store and service logs")
     parser.add_argument("--output-dir", type=Path, default=Path("demo-output"), help="trajectory JSONL files")
-    parser.add_argument("--rollout-timeout", type=float, default=60.0, help="seconds per rollout")
-    parser.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole run")
+    parser.add_argument("--rollout-timeout", type=_positive_float, default=60.0, help="seconds per rollout")
+    parser.add_argument("--deadline", type=_positive_float, default=300.0, help="seconds for the whole run")
     parser.add_argument("--quiet", action="store_true", help="no live progress lines")
     parser.add_argument("--quick", action="store_true", help="stand-in engine, collection only (no training)")
     demo_train.add_arguments(parser)
     return parser.parse_args(argv)
 
 
-def load_tasks(path: Path, count: int) -> list[dict[str, Any]]:
-    tasks = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value}): zero rollouts would wait for nothing")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds (got {text})")
+    return value
+
+
+def load_tasks(path: Path, count: int, required: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The first `count` tasks of a JSONL file, every line checked: errors name the file and the line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SystemExit(f"dataset {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise SystemExit(f"dataset {path}: cannot be read: {err}") from None
+    tasks: list[dict[str, Any]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except ValueError as err:
+            raise SystemExit(f"dataset {path}, line {number}: not valid JSON: {err}") from None
+        if not isinstance(task, dict):
+            raise SystemExit(f"dataset {path}, line {number}: a task must be a JSON object, got {type(task).__name__}")
+        missing = [name for name in required if name not in task]
+        if missing:
+            raise SystemExit(f"dataset {path}, line {number}: the task has no {', '.join(map(repr, missing))}")
+        tasks.append(task)
     if not tasks:
-        raise SystemExit(f"{path}: no tasks")
+        raise SystemExit(f"dataset {path}: no tasks")
     return tasks[:count]
+
+
+def task_fields() -> list[str]:
+    """The input fields every task must have: the ones TASK_ENV hands to the agent."""
+    return [path.split(".", 1)[1] for path in TASK_ENV.values() if path.startswith("input.")]
 
 
 def rollout_specs(
@@ -195,7 +245,7 @@ async def consume_terminal(client: LedgerClient, run_id: str, total: int, sink: 
 async def run_job(args: argparse.Namespace, ledger_address: str, key: str, model_name: str, engine_url: str) -> int:
     """Registers the engine, enqueues the groups, follows them to the end, writes and summarizes. Exit code."""
     run_id = f"demo-{uuid.uuid4().hex[:8]}"
-    tasks = load_tasks(args.dataset, args.samples)
+    tasks = load_tasks(args.dataset, args.samples, task_fields())
     specs = rollout_specs(tasks, args.group_size, run_id, args.agent_class, args.rollout_timeout)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     output = args.output_dir / f"{run_id}.jsonl"
@@ -225,9 +275,36 @@ async def run_job(args: argparse.Namespace, ledger_address: str, key: str, model
         for record in records:
             progress.states[record["rollout_id"]] = record["state"]
         progress.show(final=True)
+        await attach_proxy_warnings(client, records)
         deleted = await client.delete_rollouts([record["rollout_id"] for record in records])
     print_summary(run_id, records, output, deleted)
     return 0 if all(record["state"] == "succeeded" for record in records) else 1
+
+
+async def attach_proxy_warnings(client: LedgerClient, records: Sequence[dict[str, Any]]) -> None:
+    """For a rollout that failed or has no reward: the proxy's first refusal (e.g. a misspelled reward's 422), the
+    first error that matters, kept as record["proxy_error"]."""
+    for record in records:
+        if record["state"] == "succeeded" and record["reward"] is not None:
+            continue
+        warnings = await client.list_events(record["rollout_id"], attempt_id="*", event_type=REFUSED_EVENT)
+        for event in warnings[:1]:
+            try:
+                data = json.loads(event.data_json)
+                record["proxy_error"] = f"proxy refused an event ({data['status']} {data['code']}): {data['message']}"
+            except (ValueError, KeyError, TypeError):
+                continue
+
+
+def failure_line(record: Mapping[str, Any]) -> str | None:
+    """The summary line of a rollout that failed or succeeded without a reward (None for a rewarded success)."""
+    proxy_error = record.get("proxy_error")
+    if record["state"] != "succeeded":
+        return f"  {record['rollout_id']}: {record['state']}: {proxy_error or record['error']}"
+    if record["reward"] is None:
+        why = proxy_error or "the agent posted no reward event (a trainer would fill a default)"
+        return f"  {record['rollout_id']}: succeeded WITHOUT A REWARD: {why}"
+    return None
 
 
 def print_summary(run_id: str, records: Sequence[Mapping[str, Any]], output: Path, deleted: int) -> None:
@@ -251,8 +328,9 @@ def print_summary(run_id: str, records: Sequence[Mapping[str, Any]], output: Pat
     response_tokens = sum(len(call["response_token_ids"]) for call in calls)
     print(f"model calls captured: {len(calls)} (prompt tokens {prompt_tokens}, response tokens {response_tokens})")
     for record in records:
-        if record["state"] != "succeeded":
-            print(f"  {record['rollout_id']}: {record['state']}: {record['error']}")
+        line = failure_line(record)
+        if line:
+            print(line)
     print(f"trajectories: {output}")
     print(f"deleted {deleted} consumed rollouts from the ledger")
 
@@ -269,7 +347,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def check_engine(url: str, api_key: str = "", timeout_s: float = 10.0) -> str | None:
+    """One GET {url}/models before anything starts or is queued: why the engine is unusable, or None."""
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    models_url = url.rstrip("/") + "/models"
+    try:
+        reply = httpx.get(models_url, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as err:
+        return f"the engine at {url} does not answer GET {models_url}: {err or type(err).__name__}"
+    if reply.status_code != 200:
+        return f"the engine at {url} answered GET {models_url} with HTTP {reply.status_code}: {reply.text[:200]}"
+    try:
+        names = [str(card["id"]) for card in reply.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        return f"the engine at {url} answered GET {models_url} with something other than an OpenAI model list"
+    if not names:
+        return f"the engine at {url} serves no model"
+    return None
+
+
 def run_quick(args: argparse.Namespace) -> int:
+    # Everything the user gave is checked before any service starts.
+    load_tasks(args.dataset, args.samples, task_fields())
+    if args.engine_url:
+        problem = check_engine(args.engine_url, os.environ.get("AGL_ENGINE_API_KEY", ""))
+        if problem:
+            print(f"{problem}; nothing was started (check --engine-url / ENGINE_URL)", file=sys.stderr)
+            return 2
     # The toy model errs on a quarter of its sampled answers so that GRPO groups get rewards that differ.
     variables = {"AGL_STANDIN_MISTAKE_RATE": "0.25", **os.environ}
     profiles = [] if args.engine_url else ["standin"]
