@@ -178,7 +178,10 @@ def build(podman: Podman, names: Sequence[str]) -> dict[str, float]:
             # pip reads /etc/pip.conf in every RUN step; the image keeps neither the file nor the wheels. PyPI as an
             # extra index: what download.pytorch.org would also have served (torch's own requirements).
             conf = podman.cache / "pip-local-wheels.conf"
-            conf.write_text(f"[global]\nfind-links = {LOCAL_WHEELS}\nextra-index-url = https://pypi.org/simple\n")
+            # retries = 0: the unreachable index then costs one failed lookup per package, not five with back-off.
+            conf.write_text(
+                f"[global]\nfind-links = {LOCAL_WHEELS}\nextra-index-url = https://pypi.org/simple\nretries = 0\n"
+            )
             wheels = ["--volume", f"{LOCAL_WHEELS}:{LOCAL_WHEELS}:ro", "--volume", f"{conf}:/etc/pip.conf:ro"]
             args = [args[0], *wheels, *args[1:]]
         podman.run(*args, timeout=3600 if image.heavy else 900)
