@@ -12,6 +12,7 @@ volume; `down --volumes` leaves nothing. The heavy images (engine, trainer) are 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import time
@@ -61,14 +62,19 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def podman() -> Podman:
+def podman() -> Iterator[Podman]:
     missing = podman_harness.missing_tools()
     if missing:
         pytest.fail(
             f"the container tests need {', '.join(missing)} (Debian: apt-get install {podman_harness.APT_PACKAGES});"
             " deselect them with -m 'not containers'"
         )
-    return Podman()
+    podman = Podman()
+    # One run at a time per machine: the image tags, the pod names kube play takes from deploy/k8s and the
+    # Secret's name are shared by every checkout on it.
+    with (podman.cache / "tests.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield podman
 
 
 @pytest.fixture(scope="module")
