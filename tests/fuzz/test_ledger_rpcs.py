@@ -74,7 +74,7 @@ def call_raw(channel: grpc.Channel, method: object, payload: bytes, metadata: tu
 
 
 def record(target: str, code: grpc.StatusCode, allowed: set[grpc.StatusCode], what: object) -> None:
-    tally.tried(target)
+    tally.tried(target, code.name)
     if code not in allowed:
         tally.FAILED[target] += 1
         raise AssertionError(f"{target}: {code.name} for {what!r}"[:2000])
