@@ -1,0 +1,102 @@
+"""kill -9 of a controller mid-run, then a second controller with the same controller id (what a restarted pod or
+service unit is): no rollout attempt is launched twice, and none is left stranded in running."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+from services._gen.agl.v1 import rollout_pb2
+from services.client import LedgerClient
+from tests.proxy.conftest import KEY, run_proxy
+from tests.support.procs import ServiceProcess, free_port, start_ledger, start_service, wait_http_ready
+
+from .figures import report
+
+TERMINAL = (rollout_pb2.ROLLOUT_STATE_SUCCEEDED, rollout_pb2.ROLLOUT_STATE_FAILED)
+RUNNING = rollout_pb2.ROLLOUT_STATE_RUNNING
+ROLLOUTS = 12
+# The agent notes its launch (rollout and attempt, from its event URL), works for a while, then posts its reward.
+AGENT = """
+import os, sys, time, httpx
+url = os.environ["AGL_EVENT_URL"]
+with open(sys.argv[1], "a") as notes:
+    notes.write(url.split("/api/rollouts/")[1].rsplit("/events", 1)[0] + "\\n")
+time.sleep(3.0)
+headers = {"Authorization": "Bearer " + os.environ["AGL_KEY"]}
+httpx.post(url, json={"event_type": "reward", "data": {"value": 1.0}}, headers=headers, timeout=30).raise_for_status()
+"""
+
+
+@contextlib.contextmanager
+def controller(ledger: str, proxy_url: str, log_dir: Path, name: str) -> Iterator[ServiceProcess]:
+    port = free_port()
+    argv = [sys.executable, "-m", "services.controller", "--ledger", ledger, "--proxy-url", proxy_url]
+    argv += ["--controller-id", "ctl-fault", "--log-dir", str(log_dir), "--max-concurrency", "6"]
+    argv += ["--metrics-host", "127.0.0.1", "--metrics-port", str(port), "--kill-grace", "0.5"]
+    url = f"http://127.0.0.1:{port}/metrics"
+    with start_service(
+        argv, name=name, port=port, env={"AGL_KEY": KEY}, ready=lambda _: wait_http_ready(url)
+    ) as process:
+        yield process
+
+
+async def _create(address: str, agent: Path, notes: Path) -> list[str]:
+    async with LedgerClient(address, KEY) as client:
+        specs = []
+        for index in range(ROLLOUTS):
+            config = rollout_pb2.RolloutConfig(timeout_seconds=60)
+            config.local.command.extend([sys.executable, str(agent), str(notes)])
+            specs.append(rollout_pb2.RolloutSpec(rollout_id=f"ro-ctl-{index:02d}", input_json="{}", config=config))
+        return [r.rollout_id for r in await client.create_rollouts(specs)]
+
+
+async def _states(address: str, ids: list[str]) -> dict[str, rollout_pb2.Rollout]:
+    async with LedgerClient(address, KEY) as client:
+        return {rollout_id: await client.get_rollout(rollout_id) for rollout_id in ids}
+
+
+def test_controller_kill_9_and_a_second_controller(tmp_path: Path) -> None:
+    agent, notes, logs = tmp_path / "agent.py", tmp_path / "launches.txt", tmp_path / "agent-logs"
+    agent.write_text(AGENT)
+    with (
+        start_ledger(store=f"sqlite:{tmp_path / 'ledger.db'}", key=KEY) as ledger,
+        run_proxy(ledger.address) as proxy,
+        controller(ledger.address, proxy.url, logs, "controller-1") as first,
+    ):
+        ids = asyncio.run(_create(ledger.address, agent, notes))
+        deadline = time.monotonic() + 30
+        while sum(1 for r in asyncio.run(_states(ledger.address, ids)).values() if r.status.state == RUNNING) < 4:
+            assert time.monotonic() < deadline, "agents did not start"
+            time.sleep(0.2)
+        first.kill()  # kill -9, agents mid-run
+        running_at_kill = sum(
+            1 for r in asyncio.run(_states(ledger.address, ids)).values() if r.status.state == RUNNING
+        )
+        with controller(ledger.address, proxy.url, logs, "controller-2"):
+            started = time.monotonic()
+            deadline = started + 90
+            while True:
+                states = asyncio.run(_states(ledger.address, ids))
+                if all(r.status.state in TERMINAL for r in states.values()):
+                    break
+                assert time.monotonic() < deadline, Counter(r.status.state for r in states.values())
+                time.sleep(0.2)
+            settled_s = time.monotonic() - started
+
+    launches = Counter(notes.read_text().split())
+    twice = {pair: count for pair, count in launches.items() if count > 1}
+    assert not twice, twice
+    outcome = Counter(rollout_pb2.RolloutState.Name(r.status.state) for r in states.values())
+    failed = {r.rollout_id: r.status.error_message for r in states.values() if r.status.state != TERMINAL[0]}
+    report(
+        f"controller kill -9 with {running_at_kill} agents running, a second controller (same id) started",
+        f"{ROLLOUTS} rollouts: {dict(outcome)}; 0 attempts launched twice ({len(launches)} launches); none left "
+        f"running: all terminal {settled_s:.1f}s after the second controller started"
+        + (f"; failed: {sorted(set(failed.values()))[:2]}" if failed else ""),
+    )
