@@ -19,7 +19,7 @@ from .aggregation import AggregationLevel, Row, rows_from_trace
 from .alignment import align_rows
 from .batch import rows_to_dataproto
 from .loss import ROW_WEIGHTS_KEY, per_rollout_token_weights
-from .triplets import RolloutTrace
+from .triplets import REWARD_MISSING, RolloutTrace
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,10 @@ def build_training_batch(
     metrics.update(
         {
             "agl/data/rollouts": float(len(traces)),
+            # Always present (a Counter key appears only when non-zero): a run whose agents never post a reward
+            # trains on the fill value, and this is where that shows.
+            "agl/data/reward_missing": float(counts.get(REWARD_MISSING, 0)),
+            "agl/data/reward_filled_fraction": counts.get(REWARD_MISSING, 0) / max(len(traces), 1),
             "agl/data/rows_built": float(len(rows)),
             "agl/data/rows_trained": float(len(kept)),
             "agl/align/dropped_zero_variance_rows": float(alignment.dropped_zero_variance_rows),

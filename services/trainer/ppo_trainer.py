@@ -186,7 +186,8 @@ class AglPPOTrainer(RayPPOTrainer):
             # The operator registered them; a missing engine is one clear error, not a hang on the proxies.
             self.loop.run(registered_endpoints(self.ledger, self.agl.model_name))
             return
-        self.loop.run(self.manager.register_endpoints(self.agl.model_name, self._endpoints(), self.global_steps))
+        # Replace, not add: verl picks new ports at every launch, and a restarted trainer's old endpoints are dead.
+        self.loop.run(self.manager.replace_endpoints(self.agl.model_name, self._endpoints(), self.global_steps))
 
     def _sync_weights(self, metrics: dict[str, Any]) -> None:
         """The actor's current weights to every engine, at version = global step."""
@@ -276,7 +277,9 @@ class AglPPOTrainer(RayPPOTrainer):
             metrics["agl/reward/mean"] = sum(t.reward for t in result.traces) / len(result.traces)
         if self.trajectories is not None:
             self.trajectories.write(self.global_steps, result.traces, kind="train")
-        pause = self.agl.async_enabled or self.agl.external_engines
+        # Always: in async mode calls are in flight; in sync mode a late call must not reach a sleeping replica
+        # (colocated) or straddle a reload (external engines).
+        pause = True
         if pause:
             drained: DrainResult = self.loop.run(
                 self.drainer.pause_and_drain(f"step {self.global_steps} weight update")
@@ -349,6 +352,8 @@ class AglPPOTrainer(RayPPOTrainer):
         )
         self.global_steps = 0
         self._load_checkpoint()
+        # verl restores the loader's position except at an epoch boundary; the task order must resume too.
+        self.train_dataloader.resume(self.config.trainer, self.global_steps)
         labels = {"model": self.agl.model_name}
         self.loop.run(progress.start_run(self.ledger, self.agl.run_id, labels, self._run_summary()))
         error: str | None = None
