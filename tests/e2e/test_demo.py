@@ -105,3 +105,30 @@ def test_demo_trains_prints_steps_writes_results_and_cleans_up(tmp_path: Path) -
         reply = call["response"].replace("<|im_end|>", "")
         assert record["reward"] == score(reply, record["input"]["answer"]), record
     assert _processes_mentioning(str(data_dir)) == [], "the demo left processes running"
+
+
+def test_demo_stopped_with_sigterm_stops_everything_without_a_traceback(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    data_dir = tmp_path / "data"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AGL_") and key != "ENGINE_URL"}
+    # 96 rollouts: several seconds of work, still running when SIGTERM comes right after they are queued.
+    argv = [sys.executable, "tools/demo.py", "--quick", "--samples", "12", "--group-size", "8", "--quiet"]
+    argv += ["--data-dir", str(data_dir), "--output-dir", str(tmp_path / "out"), "--deadline", "120"]
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if "rollouts queued" in line or not line:
+            break
+    assert any("rollouts queued" in line for line in lines), "".join(lines)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, "".join(lines) + out + err
+    assert "Traceback" not in err
+    assert "everything the demo started has been stopped" in err
+    assert _processes_mentioning(str(data_dir)) == [], "the demo left processes running"
