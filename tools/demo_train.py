@@ -49,12 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training (the default)")
     group.add_argument("--steps", type=int, default=30, help="GRPO steps")
     group.add_argument("--tasks-per-step", type=int, default=8, help="tasks per step (GRPO groups)")
-    group.add_argument("--lr", type=float, default=2e-4, help="actor learning rate (0: a control run)")
+    group.add_argument("--lr", type=float, default=3e-4, help="actor learning rate (0: a control run)")
     group.add_argument("--lr-warmup-steps", type=int, default=10, help="optimizer steps of linear lr warm-up")
-    group.add_argument("--mini-batches", type=int, default=2, help="optimizer updates per step (tasks split)")
+    group.add_argument("--mini-batches", type=int, default=1, help="optimizer updates per step (tasks split)")
     group.add_argument("--train-tasks", type=int, default=336, help="training tasks generated")
     group.add_argument("--val-tasks", type=int, default=64, help="held-out tasks (greedy accuracy)")
-    group.add_argument("--warm-start-steps", type=int, default=250, help="supervised warm-start steps")
+    group.add_argument("--warm-start-steps", type=int, default=150, help="supervised warm-start steps")
     group.add_argument("--max-operand", type=int, default=19, help="tasks add two numbers in 0..N")
 
 
