@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -301,8 +302,16 @@ def run_training(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     run_id = f"demo-{uuid.uuid4().hex[:8]}"
     state_dir = data_dir / "runs" / run_id
 
-    specs = local_stack.load_compose(dict(os.environ), ["engine"])
-    wanted = ["ledger", "proxy", "controller", "engine"]
+    # Auth on, as in production: the master key is the user's AGL_KEY or one made for this run, kept in a file
+    # only the user can read (the console asks for it).
+    key = os.environ.get("AGL_KEY") or secrets.token_urlsafe(18)
+    key_file = data_dir / "demo-key"
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    key_file.touch(mode=0o600)
+    key_file.chmod(0o600)
+    key_file.write_text(key + "\n")
+    specs = local_stack.load_compose({**os.environ, "AGL_KEY": key}, ["engine", "console"])
+    wanted = ["ledger", "proxy", "controller", "engine", "console"]
     specs = {name: specs[name] for name in wanted}
     logs = data_dir / "logs"
     overrides = {
@@ -314,11 +323,12 @@ def run_training(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     out.flush()
     with local_stack.run_stack(plans, local_stack.start_order(specs), logs, health_timeout_s=300.0) as running:
         ledger = running["ledger"].address(int(specs["ledger"].env["AGL_LEDGER_PORT"]))
-        key = specs["ledger"].env.get("AGL_KEY", "")
         model_name = specs["proxy"].env["AGL_MODEL_NAME"]
         engine_url = "http://{}/v1".format(running["engine"].address(int(specs["engine"].env["AGL_ENGINE_PORT"])))
         asyncio.run(register_engine(ledger, key, model_name, engine_url))
         out.write(f"engine {engine_url} registered as {model_name!r}\n")
+        console = running["console"].address(int(specs["console"].env["AGL_CONSOLE_PORT"]))
+        out.write(f"console: http://{console}/ (sign in with the key in {key_file}; up until the demo ends)\n")
         argv = [
             sys.executable,
             "-m",

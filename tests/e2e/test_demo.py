@@ -86,6 +86,8 @@ def test_demo_trains_prints_steps_writes_results_and_cleans_up(tmp_path: Path) -
     assert result.returncode == 0, out[-4000:] + result.stderr[-4000:]
 
     assert "held-out accuracy" in out and "(before training)" in out
+    assert "console: http://127.0.0.1:" in out
+    assert (data_dir / "demo-key").stat().st_mode & 0o077 == 0
     step_lines = [line for line in out.splitlines() if line.startswith("step ") and "reward" in line]
     assert [line.split()[1] for line in step_lines] == ["1/2", "2/2"]
     assert "== results ==" in out and "before" in out and "after" in out
