@@ -35,7 +35,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-dir", type=Path, default=REPO / "data" / "bench")
     parser.add_argument("--output-dir", type=Path, default=REPO / "data" / "bench" / "out")
     parser.add_argument("--skip-control", action="store_true", help="no lr=0 run")
-    parser.set_defaults(steps=150)
+    parser.set_defaults(steps=150, val_every=25)
     return parser.parse_args(argv)
 
 
@@ -62,6 +62,7 @@ def figures(metrics_path: Path) -> dict[str, Any]:
         "push_s_median": med("timing_s/update_weights"),
         "reload_s_max": max(series("agl/push/reload_s"), default=None),
         "logprob_gap_max": max(series("agl/push/logprob_diff_max"), default=None),
+        "accuracy_by_step": vals,
         "accuracy_before": vals[0][1] if vals else None,
         "accuracy_after": vals[-1][1] if vals else None,
         "reward_first_10": statistics.mean(series("agl/reward/mean")[:10]) if steps else None,

@@ -57,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--val-tasks", type=int, default=64, help="held-out tasks (greedy accuracy)")
     group.add_argument("--warm-start-steps", type=int, default=150, help="supervised warm-start steps")
     group.add_argument("--max-operand", type=int, default=19, help="tasks add two numbers in 0..N")
+    group.add_argument("--val-every", type=int, default=0, help="held-out accuracy every N steps (0: at the end)")
 
 
 # -- data and model -----------------------------------------------------------------------------------------
@@ -135,7 +136,7 @@ def trainer_overrides(
         f"actor_rollout_ref.actor.ppo_mini_batch_size={max(1, args.tasks_per_step // max(1, args.mini_batches))}",
         f"actor_rollout_ref.actor.optim.lr_warmup_steps={args.lr_warmup_steps}",
         f"trainer.total_training_steps={args.steps}",
-        f"trainer.test_freq={args.steps}",
+        f"trainer.test_freq={args.val_every if args.val_every > 0 else args.steps}",
         "trainer.val_before_train=true",
         "trainer.save_freq=-1",
         "trainer.logger=[console,file]",
