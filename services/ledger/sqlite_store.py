@@ -240,7 +240,10 @@ class SqliteStore(Store):
             _apply(conn, ops)
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            # SQLite may already have rolled back (a full disk does): a second ROLLBACK would raise "no
+            # transaction is active" and hide the real error.
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise
         elapsed = time.perf_counter() - started
         loop = self._loop

@@ -160,12 +160,6 @@ def test_full_disk_refuses_writes_loses_nothing_acknowledged_and_recovers(tmp_pa
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: the SQLite store's ROLLBACK after a failed write raises 'cannot rollback - no transaction is "
-    "active', which replaces 'database or disk is full' (or 'disk I/O error') in the ledger's log "
-    "(services/ledger/sqlite_store.py _commit; reported to the lead, issue 15)",
-)
 def test_full_disk_error_names_the_full_disk(tmp_path: Path) -> None:
     outcome = fill_the_disk(tmp_path, "rlimit")
     failure = outcome.ledger_log.split("failed; refusing further writes:", 1)[-1].splitlines()[0]
