@@ -7,10 +7,9 @@ path), the per_rollout_mean loss, engine_push (external engines). Two placements
   default, a separate vLLM deployment), registered in the ledger; the actor is the only verl worker, writes
   its weights with the `agl_file` checkpoint engine, and the driver has every engine reload them.
 
-A step: register/check the engines -> manager.collect -> pause + drain the proxies (async mode, and always
-with external engines) -> [colocated: sleep the replicas] -> data path -> old (and ref) log-probs -> actor
-update on aligned mini-batches, skipped when no row carries an advantage -> weights to the engines ->
-resume the proxies -> metrics.
+A step: register/check the engines -> manager.collect -> pause + drain the proxies -> [colocated: sleep
+the replicas] -> data path -> old (and ref) log-probs -> actor update on aligned mini-batches, skipped when
+no row carries an advantage -> weights to the engines -> resume the proxies -> metrics.
 """
 
 from __future__ import annotations
@@ -279,13 +278,9 @@ class AglPPOTrainer(RayPPOTrainer):
             self.trajectories.write(self.global_steps, result.traces, kind="train")
         # Always: in async mode calls are in flight; in sync mode a late call must not reach a sleeping replica
         # (colocated) or straddle a reload (external engines).
-        pause = True
-        if pause:
-            drained: DrainResult = self.loop.run(
-                self.drainer.pause_and_drain(f"step {self.global_steps} weight update")
-            )
-            metrics["agl/proxy/drain_s"] = drained.seconds
-            metrics["agl/proxy/drained"] = float(drained.drained)
+        drained: DrainResult = self.loop.run(self.drainer.pause_and_drain(f"step {self.global_steps} weight update"))
+        metrics["agl/proxy/drain_s"] = drained.seconds
+        metrics["agl/proxy/drained"] = float(drained.drained)
         if not self.agl.external_engines:
             self.checkpoint_manager.sleep_replicas()
         updated = False
@@ -323,8 +318,7 @@ class AglPPOTrainer(RayPPOTrainer):
             if updated or not self.agl.external_engines:
                 with marked_timer("update_weights", timing):
                     self._sync_weights(metrics)
-            if pause:
-                self.loop.run(self.drainer.resume())
+            self.loop.run(self.drainer.resume())
         return batch if updated else None
 
     def _run_summary(self) -> dict[str, Any]:
