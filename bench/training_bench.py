@@ -9,7 +9,7 @@ once learning, once with lr=0 as the control. Reports, from the trainer's own pe
   learning          held-out greedy accuracy before and after, learning run vs control
                     (target: +0.10 absolute within 150 steps, and above the control)
 
-    .venv/bin/python bench/training_bench.py [--steps 150] [--lr 5e-4] [--skip-control]
+    .venv/bin/python bench/training_bench.py [--steps 150] [--lr 1e-4] [--skip-control]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from tools import demo_train  # noqa: E402
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo_train.add_arguments(parser)
-    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--data-dir", type=Path, default=REPO / "data" / "bench")
     parser.add_argument("--output-dir", type=Path, default=REPO / "data" / "bench" / "out")
     parser.add_argument("--skip-control", action="store_true", help="no lr=0 run")

@@ -56,9 +56,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dataset", type=Path, default=REPO_ROOT / "examples" / "data" / "math.jsonl")
     parser.add_argument("--agent-class", default=MATH_AGENT, help="agent class the controller runs")
     parser.add_argument("--samples", type=_positive_int, default=4, help="tasks taken from the dataset")
-    parser.add_argument(
-        "--group-size", type=_positive_int, default=None, help="rollouts per task (default 8; --quick 4)"
-    )
+    parser.add_argument("--group-size", type=_positive_int, default=4, help="rollouts per task (GRPO group size)")
     parser.add_argument("--engine-url", default=os.environ.get("ENGINE_URL", ""), help="real engine (ENGINE_URL)")
     parser.add_argument("--data-dir", type=Path, default=Path("data"), help="ledger store and service logs")
     parser.add_argument("--output-dir", type=Path, default=Path("demo-output"), help="trajectory JSONL files")
@@ -338,8 +336,6 @@ def print_summary(run_id: str, records: Sequence[Mapping[str, Any]], output: Pat
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     demo_train.stop_on_sigterm()
-    if args.group_size is None:
-        args.group_size = 4 if args.quick else 8
     try:
         return run_quick(args) if args.quick else demo_train.run_training(args)
     except KeyboardInterrupt:

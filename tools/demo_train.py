@@ -49,8 +49,8 @@ WARM_START_VERSION = 2
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training (the default)")
     group.add_argument("--steps", type=int, default=30, help="GRPO steps")
-    group.add_argument("--tasks-per-step", type=int, default=8, help="tasks per step (GRPO groups)")
-    group.add_argument("--lr", type=float, default=3e-4, help="actor learning rate (0: a control run)")
+    group.add_argument("--tasks-per-step", type=int, default=16, help="tasks per step (GRPO groups)")
+    group.add_argument("--lr", type=float, default=1e-4, help="actor learning rate (0: a control run)")
     group.add_argument("--lr-warmup-steps", type=int, default=10, help="optimizer steps of linear lr warm-up")
     group.add_argument("--mini-batches", type=int, default=1, help="optimizer updates per step (tasks split)")
     group.add_argument("--train-tasks", type=int, default=336, help="training tasks generated")

@@ -92,3 +92,15 @@ class LazyImportAgent:
         import colorsys  # noqa: F401
 
         print(json.dumps({"preloaded": loaded}))
+
+
+class TlsEnvAgent:
+    """Records the CA variables it was started with, then builds the HTTP clients a typical agent builds."""
+
+    def run(self) -> None:
+        import httpx
+
+        seen = {name: os.environ.get(name) for name in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
+        with httpx.Client() as client:  # a TLS context from those variables; must not fail
+            seen["verify_mode"] = int(client._transport._pool._ssl_context.verify_mode)
+        Path(os.environ["OUT_FILE"]).write_text(json.dumps(seen))
