@@ -19,6 +19,7 @@ class LedgerConfig:
     watch_buffer: int = 8192  # changes a WatchRollouts consumer may fall behind before it is cut off
     ring_size: int = 50_000  # rollout changes kept for resuming watchers
     grace_seconds: float = 10.0  # how long SIGTERM waits for in-flight calls
+    store_stall_seconds: float = 5.0  # health is NOT_SERVING while a write has waited this long for its commit
     log_level: str = "INFO"
     log_format: str = "text"  # "text" or "json" (one object per line)
     # Connection limits (see connection_limits.py).
@@ -57,6 +58,12 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     p.add_argument("--watch-buffer", type=int, default=int(env.get("AGL_LEDGER_WATCH_BUFFER", "8192")))
     p.add_argument("--ring-size", type=int, default=int(env.get("AGL_LEDGER_RING_SIZE", "50000")))
     p.add_argument("--grace-seconds", type=float, default=float(env.get("AGL_LEDGER_GRACE_SECONDS", "10")))
+    p.add_argument(
+        "--store-stall-seconds",
+        type=float,
+        default=float(env.get("AGL_LEDGER_STORE_STALL_SECONDS", "5")),
+        help="gRPC health says NOT_SERVING while a write has waited this long for the store to commit it",
+    )
     p.add_argument("--log-level", default=env.get("AGL_LOG_LEVEL", "INFO"))
     p.add_argument("--log-format", choices=("text", "json"), default=env.get("AGL_LOG_FORMAT", "text"))
     d = LedgerConfig()
@@ -87,6 +94,8 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         p.error(f"--store must be 'memory' or 'sqlite:PATH', not {args.store!r}")
     if args.max_message_mb <= 0 or args.watch_buffer <= 0 or args.ring_size <= 0:
         p.error("--max-message-mb, --watch-buffer and --ring-size must be positive")
+    if args.store_stall_seconds <= 0:
+        p.error("--store-stall-seconds must be positive")
     if args.ring_size <= args.watch_buffer:
         p.error("--ring-size must exceed --watch-buffer so a cut-off watcher can resume")
     return LedgerConfig(
@@ -99,6 +108,7 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         watch_buffer=args.watch_buffer,
         ring_size=args.ring_size,
         grace_seconds=args.grace_seconds,
+        store_stall_seconds=args.store_stall_seconds,
         log_level=args.log_level.upper(),
         log_format=args.log_format,
         **{name: getattr(args, name) for name, _, _ in limits},

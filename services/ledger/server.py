@@ -14,6 +14,7 @@ from prometheus_client import start_http_server
 from .auth import BearerAuthInterceptor
 from .config import LedgerConfig
 from .connection_limits import server_options
+from .health import StoreHealth
 from .ledger import Ledger
 from .memory_store import MemoryStore
 from .metrics import build_registry
@@ -34,9 +35,14 @@ async def serve(config: LedgerConfig) -> int:
     stop = asyncio.Event()
     exit_code = 0
 
+    health_servicer = health.aio.HealthServicer()
+    store_health: StoreHealth | None = None
+
     def store_failed(exc: BaseException) -> None:
         nonlocal exit_code
         exit_code = 1
+        if store_health is not None:
+            store_health.store_failed()
         stop.set()
 
     store = open_store(config, store_failed)
@@ -58,7 +64,6 @@ async def serve(config: LedgerConfig) -> int:
     )
     servicer = LedgerServicer(ledger)
     servicer.register(server)
-    health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE.full_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
@@ -66,7 +71,8 @@ async def serve(config: LedgerConfig) -> int:
     )
     port = server.add_insecure_port(config.address)
     await server.start()
-    await health_servicer.set(SERVICE.full_name, health_pb2.HealthCheckResponse.SERVING)
+    store_health = StoreHealth(health_servicer, store, [SERVICE.full_name], stall_s=config.store_stall_seconds)
+    await store_health.start()
 
     metrics_server = None
     metrics_note = "off"
@@ -86,6 +92,7 @@ async def serve(config: LedgerConfig) -> int:
 
     await stop.wait()
     log.info("ledger shutting down: refusing new calls, finishing in-flight ones (grace %.1fs)", config.grace_seconds)
+    await store_health.stop()
     await health_servicer.enter_graceful_shutdown()
     servicer.close_streams()
     await server.stop(config.grace_seconds)

@@ -113,6 +113,7 @@ class SqliteStore(Store):
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._failed: BaseException | None = None
+        self._commit_started = 0.0  # monotonic time the writer thread began its current commit; 0.0: idle
         self._thread = threading.Thread(target=self._writer, name="ledger-sqlite-writer", daemon=True)
         self._thread.start()
 
@@ -123,6 +124,14 @@ class SqliteStore(Store):
     @property
     def description(self) -> str:
         return f"sqlite:{self._path}"
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._failed
+
+    def commit_waiting_s(self) -> float:
+        started = self._commit_started
+        return time.monotonic() - started if started else 0.0
 
     def load(self) -> Loaded:
         loaded = Loaded()
@@ -233,6 +242,7 @@ class SqliteStore(Store):
 
     def _commit(self, conn: sqlite3.Connection, batch: list[tuple[int, list[Op]]]) -> None:
         started = time.perf_counter()
+        self._commit_started = time.monotonic()
         conn.execute("BEGIN")
         try:
             ops = [op for _lsn, item_ops in batch for op in item_ops]
@@ -245,6 +255,8 @@ class SqliteStore(Store):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        finally:
+            self._commit_started = 0.0
         elapsed = time.perf_counter() - started
         loop = self._loop
         if loop is not None and not loop.is_closed():
@@ -269,12 +281,13 @@ class SqliteStore(Store):
                 fut.set_result(None)
 
     def _fail_waiters(self, exc: BaseException) -> None:
+        # Told first, so health says NOT_SERVING before any caller hears that its write failed.
+        if self._on_failure is not None:
+            self._on_failure(exc)
         while self._waiters:
             fut = self._waiters.popleft()[1]
             if not fut.done():
                 fut.set_exception(Unavailable(f"the ledger store failed: {exc}"))
-        if self._on_failure is not None:
-            self._on_failure(exc)
 
 
 def _apply(conn: sqlite3.Connection, ops: list[Op]) -> None:

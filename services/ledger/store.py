@@ -69,6 +69,15 @@ class Store(abc.ABC):
     #: Called as observer(seconds, operations) after each durable commit (metrics hook).
     commit_observer: Callable[[float, int], None] | None = None
 
+    def commit_waiting_s(self) -> float:
+        """Seconds the write being committed now has waited (0.0 when none is): how stuck the store is (health)."""
+        return 0.0
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the store refuses every write from now on, or None while it works."""
+        return None
+
     @property
     @abc.abstractmethod
     def committed_lsn(self) -> int:
