@@ -1,5 +1,5 @@
 # The example agents, as run by Kubernetes Jobs (see examples/calc_agent/job.yaml.j2).
-# They need only the OpenAI SDK (and httpx, which it brings); nothing of AGL runs in this image.
+# They need only the OpenAI and Anthropic SDKs and httpx; nothing of AGL runs in this image.
 # Build from the repository root:  docker build -f deploy/docker/agents.Dockerfile -t agl-agents .
 FROM python:3.11-slim-bookworm
 
@@ -12,7 +12,7 @@ RUN groupadd --system --gid 10001 agl \
     && useradd --system --uid 10001 --gid agl --home-dir /nonexistent --no-create-home agl
 
 # The version ranges of the `examples` extra in pyproject.toml.
-RUN pip install "openai>=1.60,<4" "httpx>=0.28,<1"
+RUN pip install "openai>=1.60,<4" "httpx>=0.28,<1" "anthropic>=2.10,<3"
 
 COPY examples /app/examples
 USER 10001:10001
