@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
+import sys
 from pathlib import Path
-
-from prometheus_client import start_http_server
 
 from services.client import LedgerClient
 
 from .config import ControllerConfig, load_config
 from .controller import Controller
 from .metrics import ControllerMetrics
+from .probes import start_probe_server
+from .readiness import Readiness, follow_ledger, key_refused_at_start, probe_client
 from .runner import Runner
 
 log = logging.getLogger("services.controller")
@@ -64,8 +66,10 @@ def build_runner(config: ControllerConfig, metrics: ControllerMetrics) -> Runner
 
 async def serve(config: ControllerConfig) -> None:
     metrics = ControllerMetrics()
+    readiness = Readiness(config.ledger)
+    probes = None
     if config.metrics_port:
-        start_http_server(config.metrics_port, addr=config.metrics_host, registry=metrics.registry)
+        probes, _thread = start_probe_server(config.metrics_host, config.metrics_port, metrics.registry, readiness)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -81,6 +85,7 @@ async def serve(config: ControllerConfig) -> None:
         # Agents get the kill grace, their reports a moment more; a rollout whose report missed it stays running
         # under this controller id and is reconciled by its next start.
         shutdown_timeout_s=config.kill_grace_s + 2.0,
+        readiness=readiness,
     )
     log.info(
         "controller %s: runner %s, ledger %s, agents reach the proxy at %s, max concurrency %d",
@@ -90,16 +95,28 @@ async def serve(config: ControllerConfig) -> None:
         config.agent_url,
         config.max_concurrency,
     )
+    probe = probe_client(config.ledger, config.key, timeout_s=max(config.ready_check_s, 1.0))
+    following = asyncio.create_task(follow_ledger(probe, readiness, config.ready_check_s), name="follow-ledger")
     try:
         await controller.run(stop)
     finally:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+        await probe.close()
         await ledger.close()
+        if probes is not None:
+            probes.shutdown()
     log.info("controller %s stopped", config.controller_id)
 
 
 def main(argv: list[str] | None = None) -> None:
     config = load_config(argv)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    refused = asyncio.run(key_refused_at_start(config.ledger, config.key))
+    if refused:  # like the proxy: a key the ledger refuses is fixed by the operator, not by retrying
+        log.error("%s; exiting", refused)
+        sys.exit(2)
     asyncio.run(serve(config))
 
 

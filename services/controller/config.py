@@ -11,7 +11,8 @@
 | --controller-id | AGL_CONTROLLER_ID | host name; keep it stable across restarts (reconciliation uses it) |
 | --key | AGL_KEY | none; the master key (agents get per-rollout tokens, never this) |
 | --default-timeout | AGL_CONTROLLER_DEFAULT_TIMEOUT | 3600 s, for rollouts whose config sets none |
-| --metrics-host / --metrics-port | AGL_CONTROLLER_METRICS_HOST / _PORT | 0.0.0.0 / 9465 (0 disables) |
+| --metrics-host / -port | AGL_CONTROLLER_METRICS_HOST / _PORT | 0.0.0.0 / 9465 (0: off); also /healthz, /readyz |
+| --ready-check | AGL_CONTROLLER_READY_CHECK | 2 s between the cheap ledger calls /readyz follows |
 | --log-level | AGL_LOG_LEVEL | INFO |
 | local: --log-dir | AGL_CONTROLLER_LOG_DIR | ./agl-rollout-logs (one log file per rollout) |
 | local: --kill-grace | AGL_CONTROLLER_KILL_GRACE | 5 s between SIGTERM and SIGKILL |
@@ -62,6 +63,7 @@ class ControllerConfig:
     default_timeout_s: float
     metrics_host: str
     metrics_port: int
+    ready_check_s: float
     log_level: str
     log_dir: str
     kill_grace_s: float
@@ -118,6 +120,12 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     parser.add_argument("--metrics-host", default=default("AGL_CONTROLLER_METRICS_HOST", "0.0.0.0"))
     parser.add_argument("--metrics-port", type=int, default=int(default("AGL_CONTROLLER_METRICS_PORT", "9465")))
+    parser.add_argument(
+        "--ready-check",
+        type=float,
+        default=float(default("AGL_CONTROLLER_READY_CHECK", "2")),
+        help="seconds between the cheap ledger calls that /readyz follows",
+    )
     parser.add_argument("--log-level", default=default("AGL_LOG_LEVEL", "INFO"))
     parser.add_argument("--log-dir", default=default("AGL_CONTROLLER_LOG_DIR", "agl-rollout-logs"))
     parser.add_argument("--kill-grace", type=float, default=float(default("AGL_CONTROLLER_KILL_GRACE", "5")))
@@ -182,6 +190,8 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         parser.error("--default-timeout must be positive")
     if args.launcher_idle <= 0:
         parser.error("--launcher-idle must be positive")
+    if args.ready_check <= 0:
+        parser.error("--ready-check must be positive")
     if not args.controller_id:
         parser.error("--controller-id must not be empty")
     if args.template_timeout <= 0 or args.template_memory_mb < 128 or args.template_max_bytes < 1024:
@@ -205,6 +215,7 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         default_timeout_s=args.default_timeout,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
+        ready_check_s=args.ready_check,
         log_level=args.log_level.upper(),
         log_dir=args.log_dir,
         kill_grace_s=args.kill_grace,

@@ -23,6 +23,7 @@ from services.client import LedgerClient, LedgerError
 
 from .metrics import ControllerMetrics
 from .outcome import INTERNAL, INVALID_CONFIG, SHUTDOWN, ConfigError, Outcome
+from .readiness import REFUSED_CODES, Readiness, backoff_s
 from .runner import LaunchPlan, Runner
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class Controller:
         label_selector: Mapping[str, str] | None = None,
         report_retry_s: float = 600.0,
         shutdown_timeout_s: float = 30.0,
+        readiness: Readiness | None = None,
     ) -> None:
         self._ledger = ledger
         self._runner = runner
@@ -64,6 +66,7 @@ class Controller:
         # Rollouts queued again for a retry whose backoff has not passed: offered when it has.
         self._waiting: dict[str, asyncio.TimerHandle] = {}
         self._stopping = False
+        self._readiness = readiness or Readiness(ledger.address)
 
     # -- main loop -------------------------------------------------------------------------------------------
 
@@ -88,21 +91,41 @@ class Controller:
 
     async def _recover(self) -> None:
         """Rollouts an earlier run of this controller left running: the runner adopts them or explains the loss."""
+        refusals = 0
         while True:
             try:
                 rollouts = await self._ledger.list_rollouts(states=[RUNNING], controller_id=self._id)
+                self._readiness.succeeded()
                 break
             except LedgerError as err:
-                if err.code() not in _RETRYABLE:
+                if err.code() not in _RETRYABLE and err.code() not in REFUSED_CODES:
                     raise
-                log.warning("ledger unavailable while reconciling (%s); retrying", err.details())
-                await asyncio.sleep(1.0)
+                self._readiness.failed(err)  # one line per change of state, not one per retry
+                refusals = refusals + 1 if err.code() in REFUSED_CODES else 0
+                await asyncio.sleep(backoff_s(refusals) if refusals else 1.0)
         if rollouts:
             log.info("reconciling %d rollout(s) left running by controller %s", len(rollouts), self._id)
         for rollout in rollouts:
             self._start_task(rollout.rollout_id, self._resume(rollout))
 
     async def _watch(self) -> None:
+        """Follows the queue; a key the ledger starts refusing is one line, not ready, and a backoff, not an exit."""
+        refusals = 0
+        while True:
+            try:
+                await self._follow_queue()
+            except LedgerError as err:
+                if err.code() not in REFUSED_CODES:
+                    raise
+                refusals = 1 if self._readiness.subscribed else refusals + 1
+                self._readiness.subscribed = False
+                self._readiness.failed(err)
+                self._pending.clear()  # the watch starts over with a fresh snapshot once the key is accepted
+                for rollout_id in list(self._waiting):
+                    self._drop_waiting(rollout_id)
+                await asyncio.sleep(backoff_s(refusals))
+
+    async def _follow_queue(self) -> None:
         synced = False
         async for message in self._ledger.watch_rollouts(states=[QUEUING], labels=self._labels):
             if message.type == pb.ROLLOUT_CHANGE_TYPE_SNAPSHOT:
@@ -114,6 +137,8 @@ class Controller:
                 self._offer(message.rollout)
             elif message.type == pb.ROLLOUT_CHANGE_TYPE_SYNCED:
                 synced = True
+                self._readiness.subscribed = True
+                self._readiness.succeeded()
             elif message.type == pb.ROLLOUT_CHANGE_TYPE_UPSERT:
                 if message.rollout.status.state == QUEUING:
                     self._offer(message.rollout)

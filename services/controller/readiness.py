@@ -1,0 +1,123 @@
+"""What the controller knows about its ledger, for /readyz, and the one line a refused key deserves.
+
+Liveness (/healthz) only says the process answers. Readiness says the controller can do its work: its last contact
+with the ledger succeeded (a cheap call every `interval_s`, and every call of the queue watch) and it is subscribed to
+the queue (the queuing watch delivered its snapshot). A ledger that goes away or starts refusing the key turns /readyz
+to 503 within one interval, with a reason naming the ledger's address; it turns back to 200 on the next success. A
+refused key is logged once per change of state, as one line that says what to fix, never a traceback per retry.
+A key refused at start is fixed by the operator, not by retrying: the controller exits (like the proxy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+
+from services.client import LedgerClient, RetryPolicy
+
+log = logging.getLogger(__name__)
+
+REFUSED_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+OK = "ok"
+UNREACHABLE = "ledger_unreachable"
+REFUSED = "ledger_refused_key"
+UNKNOWN = "not_synced"
+
+
+def refused_message(ledger: str, details: str) -> str:
+    return (
+        f"the ledger at {ledger} refused the controller's key ({details or 'UNAUTHENTICATED'}): "
+        "give the controller the ledger's key (--key or AGL_KEY)"
+    )
+
+
+def backoff_s(failures: int, initial_s: float = 1.0, ceiling_s: float = 30.0) -> float:
+    """Seconds to wait after `failures` consecutive refusals (doubling, capped)."""
+    return min(initial_s * 2 ** max(failures - 1, 0), ceiling_s)
+
+
+class Readiness:
+    """The controller's ledger connection and queue subscription, updated by every background ledger call."""
+
+    def __init__(self, ledger: str) -> None:
+        self.ledger = ledger
+        self.state = UNKNOWN
+        self.detail = f"no answer from the ledger at {ledger} yet"
+        self.subscribed = False
+        self.since = time.monotonic()
+
+    def succeeded(self) -> None:
+        if self.state != OK:
+            if self.state in (REFUSED, UNREACHABLE):
+                log.info("ledger at %s answers again", self.ledger)
+            self._set(OK, "")
+
+    def failed(self, err: grpc.aio.AioRpcError) -> None:
+        code = err.code()
+        if code in REFUSED_CODES:
+            if self.state != REFUSED:
+                log.error("%s; retrying with backoff", refused_message(self.ledger, err.details() or code.name))
+            self._set(REFUSED, f"the ledger at {self.ledger} refused the controller's key ({code.name})")
+        else:
+            if self.state != UNREACHABLE:
+                log.warning("ledger at %s unreachable (%s); retrying with backoff", self.ledger, code.name)
+            self._set(UNREACHABLE, f"the ledger at {self.ledger} did not answer ({code.name})")
+
+    def _set(self, state: str, detail: str) -> None:
+        if state != self.state:
+            self.since = time.monotonic()
+        self.state = state
+        self.detail = detail
+
+    @property
+    def ready(self) -> bool:
+        return self.state == OK and self.subscribed
+
+    def describe(self) -> dict[str, object]:
+        """The /readyz body (read from the HTTP server's thread: plain attribute reads)."""
+        state, subscribed = self.state, self.subscribed
+        if state != OK:
+            reason = self.detail
+        else:
+            reason = "" if subscribed else f"not subscribed to the queue of the ledger at {self.ledger} yet"
+        return {
+            "ready": state == OK and subscribed,
+            "ledger": state,
+            "ledger_address": self.ledger,
+            "subscribed": subscribed,
+            "reason": reason,
+            "for_seconds": round(time.monotonic() - self.since, 3),
+        }
+
+
+async def follow_ledger(client: LedgerClient, readiness: Readiness, interval_s: float) -> None:
+    """Forever: one cheap call every interval_s (its own client: one try, a short deadline), reported to readiness."""
+    while True:
+        try:
+            await client.get_proxy_control()
+        except grpc.aio.AioRpcError as err:
+            readiness.failed(err)
+        else:
+            readiness.succeeded()
+        await asyncio.sleep(interval_s)
+
+
+def probe_client(ledger: str, key: str | None, timeout_s: float) -> LedgerClient:
+    return LedgerClient(ledger, key, retry=RetryPolicy(attempts=1), call_timeout_s=timeout_s)
+
+
+async def key_refused_at_start(ledger: str, key: str | None, timeout_s: float = 5.0) -> str | None:
+    """One call before anything starts: the message to exit with if the ledger refuses the key, else None.
+
+    A ledger that does not answer yet is not a reason to exit (the controller waits, not ready, and keeps trying)."""
+    async with probe_client(ledger, key, timeout_s) as client:
+        try:
+            await client.get_proxy_control()
+        except grpc.aio.AioRpcError as err:
+            if err.code() in REFUSED_CODES:
+                return refused_message(ledger, err.details() or err.code().name)
+            log.warning("ledger at %s not answering at start (%s); waiting for it, not ready", ledger, err.code().name)
+    return None
