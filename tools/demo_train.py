@@ -125,6 +125,7 @@ def trainer_overrides(
         f"agl.trajectory_log={output_dir / 'trajectories.jsonl'}",
         f"agl.val_max_samples={args.val_tasks}",
         "agl.progress=false",
+        "agl.retention.keep_steps=-1",
         f"data.train_files={train_file}",
         f"data.val_files={val_file}",
         f"data.train_batch_size={args.tasks_per_step}",

@@ -13,6 +13,7 @@ from typing import Any
 from .adapter import DataPathSettings
 from .aggregation import AggregationLevel
 from .manager import ManagerSettings
+from .retention import check_keep_steps
 from .specs import LaunchSettings, check_run_id
 
 CONFIG_DIR = Path(__file__).resolve().parent / "hydra-conf"
@@ -100,6 +101,11 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
     if not (launch.agent_class or launch.command or launch.k8s_job_template):
         raise ConfigError("set agl.launch.agent_class, agl.launch.command or agl.launch.k8s_job_template_file")
     state_dir = agl.get("state_dir")
+    retention = agl.get("retention") or {}
+    try:
+        keep_steps = check_keep_steps(retention.get("keep_steps", 2))
+    except ValueError as err:
+        raise ConfigError(f"agl.retention.{err}") from err
     manager = ManagerSettings(
         run_id=run_id,
         n=n,
@@ -109,6 +115,7 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         launch=launch,
         reward_fillna_value=float(agl.reward_fillna_value),
         include_failed=bool(agl.include_failed),
+        keep_steps=keep_steps,
         state_path=Path(str(state_dir)) / f"{run_id}.json" if state_dir else None,
         progress=bool(agl.get("progress", True)),
     )

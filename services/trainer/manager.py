@@ -4,7 +4,8 @@ Per step it creates `n` rollouts per sample (deterministic ids, one group per sa
 then waits on the run's terminal feed. Sync mode returns when every group of the step is complete; async
 mode keeps `async_train_batch_size` groups in flight and returns as soon as `train_batch_size` groups are
 complete (all `n` siblings terminal), oldest first, carrying the rest over. Consumed rollouts go through
-the hooks, become RolloutTraces and are deleted from the ledger. All ledger traffic goes through
+the hooks and become RolloutTraces; those of the run's last `keep_steps` steps stay in the ledger for
+inspection, older ones are deleted (services/trainer/retention.py). All ledger traffic goes through
 services.client.LedgerClient.
 """
 
@@ -29,7 +30,8 @@ from services.client import LedgerClient, LedgerError
 
 from . import hooks as user_hooks
 from .feed import TerminalFeed
-from .specs import LABEL_DATA_ID, LaunchSettings, Sample, build_specs, check_run_id, group_id
+from .retention import KEEP_ALL, TERMINAL_STATES, check_keep_steps, expired
+from .specs import LABEL_DATA_ID, LABEL_RUN, LABEL_STEP, LaunchSettings, Sample, build_specs, check_run_id, group_id
 from .state import GroupRecord, ManagerState, load_state, save_state
 from .triplets import RolloutTrace, trace_from_events
 
@@ -61,6 +63,9 @@ class ManagerSettings:
     reward_fillna_value: float = 0.0
     # Failed rollouts still train (their calls, the fill value when they posted no reward).
     include_failed: bool = True
+    # Consumed rollouts of the run's last keep_steps steps stay in the ledger; 0: deleted after their step,
+    # -1: all kept. The trainer's config defaults to 2 (agl.retention.keep_steps).
+    keep_steps: int = 0
     state_path: Path | None = None
     create_attempts: int = 8
     progress: bool = True
@@ -93,6 +98,7 @@ class RolloutManager:
         self.client = client
         self.settings = settings
         self.run_id = check_run_id(settings.run_id)
+        check_keep_steps(settings.keep_steps)
         self.hooks = hooks
         self.state: ManagerState = load_state(settings.state_path)
         self._group_of: dict[str, str] = {}
@@ -175,8 +181,12 @@ class RolloutManager:
         """Creates with retries; ids are pre-assigned, so a retry after a lost answer creates nothing twice."""
         specs = [await user_hooks.on_enqueue(self.hooks, spec) for spec in specs]
         delay = 0.1
+        cleared = False
         for attempt in range(1, self.settings.create_attempts + 1):
             try:
+                if not cleared:  # only before the first create is sent: later, a finished id may be this pass's
+                    await self._clear_kept(specs)
+                    cleared = True
                 return await self.client.create_rollouts(specs)
             except LedgerError as err:
                 if err.code() not in _RETRYABLE or attempt == self.settings.create_attempts:
@@ -185,6 +195,62 @@ class RolloutManager:
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")
+
+    async def _clear_kept(self, specs: Sequence[rollout_pb2.RolloutSpec]) -> None:
+        """Deletes finished rollouts that have the ids about to be created: kept (retention) from an earlier pass
+        over the same step, as when the trainer resumes from a checkpoint older than its last step. Creating
+        an existing id is a no-op, so without this the step would wait for a terminal entry received long ago."""
+        ids = {spec.rollout_id for spec in specs}
+        steps = sorted({spec.metadata.labels.get(LABEL_STEP, "") for spec in specs})
+        stale: list[str] = []
+        for step in steps:
+            labels = {LABEL_RUN: self.run_id, **({LABEL_STEP: step} if step else {})}
+            listed = await self.client.list_rollouts(states=TERMINAL_STATES, labels=labels)
+            stale.extend(r.rollout_id for r in listed if r.rollout_id in ids)
+        if not stale:
+            return
+        await self.client.delete_rollouts(stale)
+        for rollout_id in stale:
+            log.info("deleted kept rollout %s of an earlier pass over its step; it runs again", rollout_id)
+            self._forget(rollout_id)
+
+    def _forget(self, rollout_id: str) -> None:
+        """Drops a received entry whose rollout was deleted; its group, if tracked, waits for it again."""
+        if self.feed.entries.pop(rollout_id, None) is not None:
+            group = self._group_of.get(rollout_id)
+            if group is not None:
+                self._remaining[group] += 1
+                self._complete.pop(group, None)
+        self.state.pending.pop(rollout_id, None)
+
+    async def _retire(self, step: int, records: Sequence[GroupRecord]) -> None:
+        """After consuming at `step`: deletes the run's consumed rollouts that fell out of the retention window.
+
+        The ones just consumed and already out of it are queued for deletion in the state file with the groups'
+        removal; older steps' are found by listing the run's finished rollouts in the ledger, so a restarted
+        trainer (or one whose window shrank) deletes what an earlier process kept. A failed listing is retried
+        at the next step."""
+        keep = self.settings.keep_steps
+        queued = set(self.state.to_delete)
+        if keep != KEEP_ALL:
+            for record in records:
+                if record.step <= step - keep:
+                    self.state.to_delete.extend(i for i in record.rollout_ids if i not in queued)
+                    queued.update(record.rollout_ids)
+        self._flush(force=True)
+        if keep == KEEP_ALL:
+            return
+        try:
+            listed = await self.client.list_rollouts(states=TERMINAL_STATES, labels={LABEL_RUN: self.run_id})
+        except LedgerError as err:
+            log.warning("listing run %s for retention failed (%s); retried next step", self.run_id, err.code().name)
+        else:
+            old = expired(listed, latest_step=step, keep_steps=keep, in_flight=self._group_of)
+            for rollout_id in old:
+                self._forget(rollout_id)
+            self.state.to_delete.extend(i for i in old if i not in queued)
+            self._flush(force=True)
+        await self._delete_pending()
 
     async def _delete_pending(self) -> None:
         if not self.state.to_delete:

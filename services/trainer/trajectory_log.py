@@ -1,9 +1,9 @@
 """What the agents actually said: every consumed rollout as one JSON line with its decoded text.
 
-The ledger deletes consumed rollouts (it stays bounded), so this file is where a user reads the
-conversations a step trained on: per rollout its step, group, task input, reward and, per model call, the
-prompt and the response decoded with the model's tokenizer, the token counts and the weight version that
-answered. Enabled by `agl.trajectory_log` (a path); off by default.
+The ledger keeps consumed rollouts only for the last `agl.retention.keep_steps` steps (it stays bounded), so
+this file is where a user reads the conversations of every step trained on: per rollout its step, group, task
+input, reward and, per model call, the prompt and the response decoded with the model's tokenizer, the token
+counts and the weight version that answered. Enabled by `agl.trajectory_log` (a path); off by default.
 """
 
 from __future__ import annotations
