@@ -464,9 +464,7 @@ class RolloutManager:
         for record in records:
             self._untrack(record)
             del self.state.groups[record.group_id]
-        self.state.to_delete.extend(consumed)
-        self._flush(force=True)
-        await self._delete_pending()
+        await self._retire(step, records)
         for rid in consumed:
             log.debug("consumed rollout %s at step %d", rid, step)
         metrics: dict[str, float] = {
