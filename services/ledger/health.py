@@ -5,7 +5,8 @@ NOT_SERVING, for the whole server ("") and for agl.v1.LedgerService alike:
   failed; the ledger then shuts down, and a restart once the cause is fixed reloads the file;
 - while the write being committed has waited longer than `stall_s` (the SQLite file locked by another process,
   a disk that does not answer); SERVING again as soon as it commits.
-The check is a look at two numbers the store keeps, every `interval_s`: liveness costs nothing extra.
+The check is a look at two numbers the store keeps, every `interval_s`. Liveness is the service name "liveness": SERVING
+for as long as the server answers, whatever the store does (a slow disk is a reason to stop routing, not to restart).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+LIVENESS = "liveness"
 
 
 class StoreHealth:
@@ -53,6 +55,7 @@ class StoreHealth:
         return SERVING, ""
 
     async def start(self) -> None:
+        await self._servicer.set(LIVENESS, SERVING)
         await self.update()
         self._task = asyncio.create_task(self._follow(), name="ledger-health")
 

@@ -118,10 +118,14 @@ def test_workloads_have_probes_and_run_as_non_root(name: str) -> None:
 
 
 def test_probes_use_what_each_service_serves() -> None:
+    """Readiness and liveness are different checks (test_k8s_probes.py runs them against the real services)."""
     ledger = _containers(_workloads()["agl-ledger"])[0]
     assert ledger["readinessProbe"]["grpc"]["port"] == 50051
-    proxy = _containers(_workloads()["agl-proxy"])[0]
-    assert proxy["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert ledger["livenessProbe"]["grpc"]["service"] == "liveness"
+    for name in ("agl-proxy", "agl-controller", "agl-console"):
+        container = _containers(_workloads()[name])[0]
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz", name
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz", name
 
 
 def test_commands_are_console_scripts_and_env_names_are_read_by_the_service() -> None:

@@ -71,6 +71,7 @@ async def test_health_is_not_serving_while_the_sqlite_file_is_locked_and_serving
                 append = asyncio.create_task(client.append_events([note("ro-locked", 1)], timeout_s=30))
                 down_s = await wait_status(ledger.address, NOT_SERVING)
                 assert not append.done()  # not acknowledged while it is not stored
+                assert await check(ledger.address, "liveness") == SERVING  # alive, just not ready
             finally:
                 other.execute("ROLLBACK")
                 other.close()
