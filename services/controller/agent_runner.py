@@ -1,10 +1,14 @@
-"""Runs an agent class: `python -m services.controller.agent_runner [--notify-fd N --launch-id ID] module:Class`.
+"""Runs an agent class: `python -m services.controller.agent_runner [--notify-fd N --launch-id ID --result-file P]
+module:Class`.
 
 Imports the module, instantiates the class without arguments and calls its run(); a coroutine result is
 awaited. Exit code 0 when run() returns, 1 when it raises (traceback on stderr), 2 when the class cannot be
 loaded; sys.exit(n) in the agent exits with n. The agent reads the §3 variables from its environment itself.
 Right before run() is called, one datagram "ID <monotonic time>" goes to --notify-fd (the controller's
-launch-latency clock). The warm launcher's children run the same code through run_agent_in_child().
+launch-latency clock). When run() returns a number (an int or a float, not a bool; finite), `{"value": x}` is
+written to --result-file: the controller posts it as the reward unless the agent posted one (the older Agent
+Lightning habit of returning the reward). The warm launcher's children run the same code through
+run_agent_in_child().
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import atexit
 import contextlib
 import importlib
 import inspect
+import json
+import math
 import os
 import sys
 import threading
@@ -37,7 +43,29 @@ def load_class(spec: str) -> Any:
     return target
 
 
-def run_agent(spec: str, on_running: Callable[[], None] | None = None) -> int:
+def returned_reward(result: object) -> float | None:
+    """run()'s result as a reward: an int or a float (a bool is not one), finite; anything else is None."""
+    if isinstance(result, bool) or not isinstance(result, (int, float)):
+        return None
+    try:
+        value = float(result)
+    except OverflowError:  # an int too large for a float
+        return None
+    return value if math.isfinite(value) else None
+
+
+def write_returned(path: str, value: float) -> None:
+    """The returned reward for the controller, written whole (a reader never sees half a file)."""
+    partial = f"{path}.partial"
+    try:
+        with open(partial, "w") as handle:
+            handle.write(json.dumps({"value": value}))
+        os.replace(partial, path)
+    except OSError as err:
+        sys.stderr.write(f"agent_runner: cannot write the returned reward to {path}: {err}\n")
+
+
+def run_agent(spec: str, on_running: Callable[[], None] | None = None, result_path: str = "") -> int:
     try:
         agent = load_class(spec)()
     except Exception:
@@ -49,17 +77,20 @@ def run_agent(spec: str, on_running: Callable[[], None] | None = None) -> int:
     try:
         result = agent.run()
         if inspect.isawaitable(result):
-            asyncio.run(_wait(result))
+            result = asyncio.run(_wait(result))
     except Exception:
         traceback.print_exc()
         return 1
+    value = returned_reward(result)
+    if value is not None and result_path:
+        write_returned(result_path, value)
     return 0
 
 
-def run_agent_in_child(spec: str, on_running: Callable[[], None]) -> int:
+def run_agent_in_child(spec: str, on_running: Callable[[], None], result_path: str = "") -> int:
     """run_agent() in a forked child, ending the way an interpreter would: exit code, threads joined, atexit run."""
     try:
-        code = run_agent(spec, on_running)
+        code = run_agent(spec, on_running, result_path)
     except SystemExit as exc:
         code = _exit_code(exc.code)
     except BaseException:
@@ -99,19 +130,21 @@ async def _wait(awaitable: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
-    notify_fd, launch_id = -1, ""
-    while len(args) > 2 and args[0] in ("--notify-fd", "--launch-id"):
+    notify_fd, launch_id, result_path = -1, "", ""
+    while len(args) > 2 and args[0] in ("--notify-fd", "--launch-id", "--result-file"):
         option, value, args = args[0], args[1], args[2:]
         if option == "--notify-fd":
             notify_fd = int(value)
-        else:
+        elif option == "--launch-id":
             launch_id = value
+        else:
+            result_path = value
     if len(args) != 1:
-        usage = "usage: python -m services.controller.agent_runner [--notify-fd N --launch-id ID] module:Class"
-        sys.stderr.write(usage + "\n")
+        usage = "usage: python -m services.controller.agent_runner [--notify-fd N --launch-id ID --result-file P] "
+        sys.stderr.write(usage + "module:Class\n")
         return LOAD_FAILED
     sys.argv = [sys.argv[0], args[0]]  # what the agent sees: the launch options are ours
-    return run_agent(args[0], lambda: notify_running(notify_fd, launch_id))
+    return run_agent(args[0], lambda: notify_running(notify_fd, launch_id), result_path)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from services.client import LedgerClient, LedgerError
 from .metrics import ControllerMetrics
 from .outcome import INTERNAL, INVALID_CONFIG, SHUTDOWN, ConfigError, Outcome
 from .readiness import REFUSED_CODES, Readiness, backoff_s
+from .returned_reward import post_returned_reward
 from .runner import LaunchPlan, Runner
 
 log = logging.getLogger(__name__)
@@ -325,6 +326,8 @@ class Controller:
             outcome = Outcome.failure(INTERNAL, f"controller error: {type(err).__name__}: {err}")
         finally:
             self._metrics.running.dec()
+        if outcome.succeeded and outcome.returned_reward is not None:  # posted before the trainer hears it succeeded
+            await post_returned_reward(self._ledger, plan.rollout_id, plan.attempt_id, outcome.returned_reward)
         await self._report(plan.rollout_id, plan.attempt_id, outcome)
 
     async def _report(self, rollout_id: str, attempt_id: str, outcome: Outcome) -> None:

@@ -12,10 +12,11 @@ controller's request. Guarantees kept for every child:
   group id cannot be reused while it is signalled; the exit code is reported once.
 
 Wire protocol: one JSON object per line over the control socket (fd --control-fd). Controller -> launcher:
-`{"op": "launch", "id", "spec", "env", "log", "header"}`, `{"op": "signal", "id", "sig"}`. Launcher ->
-controller: `{"ev": "ready", "pid", "files", "threads", "error"}`, `{"ev": "started", "id", "pid"}`,
-`{"ev": "refused", "id", "reason"}` (nothing was forked), `{"ev": "exited", "id", "code"}` (negative: the
-signal). The child tells the controller that the agent's code runs with one datagram on --notify-fd.
+`{"op": "launch", "id", "spec", "env", "log", "header", "result"}` (result: the file for a number run() returns),
+`{"op": "signal", "id", "sig"}`. Launcher -> controller: `{"ev": "ready", "pid", "files", "threads", "error"}`,
+`{"ev": "started", "id", "pid"}`, `{"ev": "refused", "id", "reason"}` (nothing was forked),
+`{"ev": "exited", "id", "code"}` (negative: the signal). The child tells the controller that the agent's code
+runs with one datagram on --notify-fd.
 End of file on the control socket: the launcher kills its children's groups and exits.
 """
 
@@ -55,6 +56,7 @@ class Launch:
     env: dict[str, str]
     log: str
     header: str
+    result: str = ""
 
 
 def _parent_death_signal() -> Callable[[], None]:
@@ -184,7 +186,8 @@ class ForkServer:
     def _dispatch(self, message: dict[str, Any]) -> None:
         op = message.get("op")
         if op == "launch":
-            launch = Launch(message["id"], message["spec"], message["env"], message["log"], message["header"])
+            fields = (message["id"], message["spec"], message["env"], message["log"], message["header"])
+            launch = Launch(*fields, result=message.get("result", ""))
             self._launch(launch)
         elif op == "signal":
             self._signal(message["id"], int(message["sig"]))
@@ -324,7 +327,8 @@ class ForkServer:
             logging.root.handlers.clear()
             logging.root.setLevel(logging.WARNING)
             before = set(sys.modules)
-            code = run_agent_in_child(launch.spec, lambda: notify_running(self._notify_fd, launch.launch_id))
+            notify = lambda: notify_running(self._notify_fd, launch.launch_id)  # noqa: E731
+            code = run_agent_in_child(launch.spec, notify, launch.result)
             if self._learn:
                 self._report_learned(learned_modules(before))
         except BaseException:

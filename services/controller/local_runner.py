@@ -30,6 +30,7 @@ from .launch_target import local_argv, split_agent_class
 from .launcher_pool import LauncherPool
 from .metrics import ControllerMetrics
 from .outcome import LAUNCHER_DIED, SPAWN_ERROR, VANISHED, ConfigError, Outcome, exit_outcome, timed_out
+from .returned_reward import take_returned
 from .runner import LaunchPlan, template_context, timeout_of
 from .running_notices import RunningNotices
 from .warm_launcher import (
@@ -60,6 +61,8 @@ class LocalLaunch:
     # COMMAND (argv as given), FRESH (argv runs agent_runner on agent_class) or WARM (a launcher forks it).
     mode: str = COMMAND
     agent_class: str = ""
+    # Where agent_runner writes a number the agent class's run() returns (agent classes only).
+    result_path: Path | None = None
 
 
 def file_stem(rollout_id: str) -> str:
@@ -188,7 +191,9 @@ class LocalRunner:
         env = {**self._base_env, **extra}
         env.update(agent_env(self._agent_url, rollout.rollout_id, attempt_id, rollout.is_train, self._key))
         log_path = self.log_path(rollout.rollout_id)
-        launch = LocalLaunch(argv, env, log_path, self._pid_path(rollout.rollout_id), mode, agent_class)
+        stem = file_stem(rollout.rollout_id)
+        result = None if mode == COMMAND else self._log_dir / f"{stem}.{attempt_id}.returned"
+        launch = LocalLaunch(argv, env, log_path, self._pid_path(rollout.rollout_id), mode, agent_class, result)
         return LaunchPlan(
             rollout_id=rollout.rollout_id,
             attempt_id=attempt_id,
@@ -247,7 +252,9 @@ class LocalRunner:
             header = f"{_HEADER}{plan.rollout_id} attempt {plan.attempt_id}: {launch.agent_class} "
             header += f"(warm launch by launcher pid {launcher.pid})\n"
             try:
-                pid = await launcher.launch(plan.attempt_id, launch.agent_class, launch.env, launch.log_path, header)
+                pid = await launcher.launch(
+                    plan.attempt_id, launch.agent_class, launch.env, launch.log_path, header, launch.result_path
+                )
                 break
             except LauncherGone as err:  # died or retired since acquire(): nothing was sent, so ask again
                 if not tries_left:
@@ -284,7 +291,8 @@ class LocalRunner:
             with contextlib.suppress(OSError):
                 launch.pid_path.unlink()
             self._pool.released(launcher)
-        return self._exit_outcome(plan, launch, returncode)
+            returned = take_returned(launch.result_path)
+        return self._exit_outcome(plan, launch, returncode, returned)
 
     async def _kill_warm(self, launcher: WarmLauncher, launch_id: str) -> None:
         """SIGTERM to the child's group, SIGKILL after the grace period; the launcher reaps and reports."""
@@ -300,10 +308,14 @@ class LocalRunner:
         if self._notices is not None:
             self._notices.forget(plan.attempt_id)
 
-    def _exit_outcome(self, plan: LaunchPlan, launch: LocalLaunch, returncode: int) -> Outcome:
+    def _exit_outcome(
+        self, plan: LaunchPlan, launch: LocalLaunch, returncode: int, returned: float | None = None
+    ) -> Outcome:
         outcome = exit_outcome(returncode, f"(log: {launch.log_path})")
         if not outcome.succeeded and (line := last_line(launch.log_path)):
             outcome = Outcome(False, f"{outcome.reason}: {line}", outcome.kind)
+        elif outcome.succeeded and returned is not None:
+            outcome = Outcome(True, returned_reward=returned)
         log.info("rollout %s: agent exited with %d", plan.rollout_id, returncode)
         return outcome
 
@@ -317,6 +329,8 @@ class LocalRunner:
             argv = [*argv[:3], "--notify-fd", str(fd), "--launch-id", plan.attempt_id, *argv[3:]]
             pass_fds = (fd,)
             self._expect_running(plan, FRESH, claimed)
+        if launch.result_path is not None:
+            argv = [*argv[:3], "--result-file", str(launch.result_path), *argv[3:]]
         where = f"(log: {launch.log_path})"
         with open(launch.log_path, "ab") as log_file:
             log_file.write(f"{_HEADER}{plan.rollout_id} attempt {plan.attempt_id}: ".encode())
@@ -358,7 +372,8 @@ class LocalRunner:
             self._forget(plan)
             with contextlib.suppress(OSError):
                 launch.pid_path.unlink()
-        return self._exit_outcome(plan, launch, returncode)
+            returned = take_returned(launch.result_path)
+        return self._exit_outcome(plan, launch, returncode, returned)
 
     async def _kill_group(self, proc: asyncio.subprocess.Process) -> None:
         """SIGTERM to the group, SIGKILL to whatever is left of it after the grace period."""

@@ -56,6 +56,8 @@ class Outcome:
     succeeded: bool
     reason: str = ""
     kind: str = ""
+    # What an agent class's run() returned, when a number: posted as the reward unless the agent posted one.
+    returned_reward: float | None = None
 
     @property
     def failure_reason(self) -> int:

@@ -152,8 +152,18 @@ class WarmLauncher:
             )
         log.info("launcher for %s ready (pid %d, watching %d file(s))", self.module, self.pid, len(self.files))
 
-    async def launch(self, launch_id: str, spec: str, env: Mapping[str, str], log_path: Path, header: str) -> int:
-        """Asks for one child; returns its pid. Raises LaunchRefused (nothing forked) or LauncherDied."""
+    async def launch(
+        self,
+        launch_id: str,
+        spec: str,
+        env: Mapping[str, str],
+        log_path: Path,
+        header: str,
+        result_path: Path | None = None,
+    ) -> int:
+        """Asks for one child; returns its pid. Raises LaunchRefused (nothing forked) or LauncherDied.
+
+        A number the agent's run() returns is written to result_path (see agent_runner)."""
         if self.dead or self.closing or self._writer is None:
             raise LauncherGone(f"launcher for {self.module} is {'dead' if self.dead else 'closing'}")
         loop = asyncio.get_running_loop()
@@ -162,6 +172,8 @@ class WarmLauncher:
         self.last_used = time.monotonic()
         message = {"op": "launch", "id": launch_id, "spec": spec, "env": dict(env), "log": str(log_path)}
         message["header"] = header
+        if result_path is not None:
+            message["result"] = str(result_path)
         self._writer.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
         try:
             child.pid = await asyncio.shield(child.started)
