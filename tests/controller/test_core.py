@@ -159,7 +159,9 @@ async def test_token_bucket_paces_after_the_burst() -> None:
 
 def test_config_flags_and_env_defaults() -> None:
     env = {"AGL_PROXY_URL": "http://proxy:1", "AGL_KEY": "secret", "AGL_CONTROLLER_MAX_CONCURRENCY": "4", "HOME": "/h"}
-    config = load_config(["--ledger", "l:1", "--controller-id", "c1", "--label-selector", "run=r1, pool = a"], env)
+    # --agent-ca inherit: the base environment exactly as given (the CA choice is tested in test_agent_ca.py).
+    argv = ["--ledger", "l:1", "--controller-id", "c1", "--label-selector", "run=r1, pool = a", "--agent-ca", "inherit"]
+    config = load_config(argv, env)
     assert dict(config.label_selector) == {"run": "r1", "pool": "a"}
     assert (config.ledger, config.proxy_url, config.agent_url) == ("l:1", "http://proxy:1", "http://proxy:1")
     assert (config.max_concurrency, config.key, config.runner) == (4, "secret", "local")
@@ -171,6 +173,15 @@ def test_config_flags_and_env_defaults() -> None:
         load_config(["--max-concurrency", "0"], {})
     with pytest.raises(SystemExit):
         load_config(["--label-selector", "novalue"], {})
+
+
+def test_lease_ttl_flag_env_default_and_bounds() -> None:
+    assert load_config([], {}).lease_ttl_s == 30.0
+    assert load_config([], {"AGL_CONTROLLER_LEASE_TTL": "7.5"}).lease_ttl_s == 7.5
+    assert load_config(["--lease-ttl", "2"], {"AGL_CONTROLLER_LEASE_TTL": "7.5"}).lease_ttl_s == 2.0
+    for bad in ("0", "-1", "4000", "nan"):
+        with pytest.raises(SystemExit):
+            load_config(["--lease-ttl", bad], {})
 
 
 def test_agent_runner_runs_sync_and_async_agents() -> None:
