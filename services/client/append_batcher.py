@@ -1,7 +1,7 @@
 """Coalescing of concurrent AppendEvents calls, used by LedgerClient.append_events.
 
 While one AppendEvents request is in flight, the calls that arrive queue up and go out together as the next
-request the moment it returns (no timer: a lone call is sent at once). Calls with reject_terminal set and calls
+request the moment it returns (no timer: a lone call is sent at once). Calls with allow_terminal set and calls
 without it wait in separate lanes, since the flag belongs to the whole request. Each caller gets its own part of
 the answer. The ledger applies a request atomically, so when a merged request is refused for one caller's events
 (say its rollout is gone), each part is sent again alone and only that caller sees the error.
@@ -53,7 +53,7 @@ class _PendingAppend:
 
 @dataclass
 class _AppendLane:
-    """Calls with the same reject_terminal flag, merged into one request while the previous one is in flight."""
+    """Calls with the same allow_terminal flag, merged into one request while the previous one is in flight."""
 
     queue: collections.deque[_PendingAppend] = field(default_factory=collections.deque)
     sender: asyncio.Task[None] | None = None
@@ -69,14 +69,14 @@ class AppendBatcher:
         self._lanes = {flag: _AppendLane() for flag in (False, True)}
         self.requests = 0  # AppendEvents requests sent (merged or not)
 
-    async def submit(self, request: bytes, events: int, reject_terminal: bool, timeout_s: float | None) -> Response:
-        """Sends a serialized AppendEventsRequest of `events` events (its reject_terminal flag given too), merged
+    async def submit(self, request: bytes, events: int, allow_terminal: bool, timeout_s: float | None) -> Response:
+        """Sends a serialized AppendEventsRequest of `events` events (its allow_terminal flag given too), merged
         with whatever else is waiting; returns this request's part of the answer.
 
         `timeout_s` bounds the whole wait, queueing included: past it the caller gets DEADLINE_EXCEEDED, and
         its events are not sent if they were still queued (if they were in flight they may still be stored)."""
         loop = asyncio.get_running_loop()
-        lane = self._lanes[reject_terminal]
+        lane = self._lanes[allow_terminal]
         if lane.sender is not None and lane.sender.get_loop() is not loop:  # the client moved to another loop
             lane.sender, lane.queue = None, collections.deque()
         future: asyncio.Future[Response] = loop.create_future()

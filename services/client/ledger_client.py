@@ -49,7 +49,7 @@ _APPEND_STREAM_METHOD = "/agl.v1.LedgerService/StreamAppendEvents"
 _STREAM_MESSAGE_BYTES = 512 * 1024
 _EVENTS_FIELD = ledger_service_pb2.AppendEventsRequest.DESCRIPTOR.fields_by_name["events"].number
 _EVENT_ID_FIELD = event_pb2.Event.DESCRIPTOR.fields_by_name["event_id"].number
-_REJECT_TERMINAL = ledger_service_pb2.AppendEventsRequest(reject_terminal=True).SerializeToString()
+_ALLOW_TERMINAL = ledger_service_pb2.AppendEventsRequest(allow_terminal=True).SerializeToString()
 
 
 class LedgerClient(RunMethods):
@@ -244,9 +244,12 @@ class LedgerClient(RunMethods):
     # -- events ---------------------------------------------------------------------------------------------
 
     async def append_events(
-        self, events: Sequence[event_pb2.Event], reject_terminal: bool = False, timeout_s: float | None = None
+        self, events: Sequence[event_pb2.Event], allow_terminal: bool = False, timeout_s: float | None = None
     ) -> ledger_service_pb2.AppendEventsResponse:
         """Appends events atomically; event ids are filled in first so that a retry never duplicates.
+
+        A rollout that has ended refuses the events (FAILED_PRECONDITION) unless allow_terminal is set (for writes
+        that belong after the end, such as the trainer's hook events).
 
         Concurrent calls share AppendEvents requests (see the module docstring); the answer holds this call's
         sequences and attempt ids only, and an error is this call's own. The whole call, waiting for a shared
@@ -261,10 +264,10 @@ class LedgerClient(RunMethods):
             if not event.event_id:
                 serialized += wire.field(_EVENT_ID_FIELD, uuid.uuid4().hex.encode())
             parts.append(wire.field(_EVENTS_FIELD, serialized))
-        if reject_terminal:
-            parts.append(_REJECT_TERMINAL)
+        if allow_terminal:
+            parts.append(_ALLOW_TERMINAL)
         deadline = timeout_s or self._call_timeout_s
-        return await self._appends.submit(b"".join(parts), len(events), reject_terminal, deadline)
+        return await self._appends.submit(b"".join(parts), len(events), allow_terminal, deadline)
 
     async def _send_append(self, request: bytes) -> ledger_service_pb2.AppendEventsResponse:
         """One AppendEvents request, already serialized (merged calls are plain concatenations): over the append
@@ -473,6 +476,18 @@ class LedgerClient(RunMethods):
         """The proxy control state, first as it is, then after every change; reconnects by itself."""
         async for message in self._watch_forever("WatchProxyControl", ledger_service_pb2.WatchProxyControlRequest()):
             yield message.control
+
+    # -- controller leases -----------------------------------------------------------------------------------------
+
+    async def renew_controller_lease(
+        self, controller_id: str, ttl_seconds: float = 30.0, leaving: bool = False, timeout_s: float | None = None
+    ) -> ledger_service_pb2.RenewControllerLeaseResponse:
+        """A controller's heartbeat: its lease, and the expired leases of controllers that still own RUNNING
+        rollouts (for the caller to take over)."""
+        request = ledger_service_pb2.RenewControllerLeaseRequest(
+            controller_id=controller_id, ttl_seconds=ttl_seconds, leaving=leaving
+        )
+        return await self._unary("RenewControllerLease", request, timeout_s=timeout_s)
 
     async def _watch_forever(self, method: str, request: Any) -> AsyncIterator[Any]:
         # For state-style streams (each message is the whole state) a reconnect simply starts over.

@@ -86,6 +86,7 @@ async def serve(config: ControllerConfig) -> None:
         # under this controller id and is reconciled by its next start.
         shutdown_timeout_s=config.kill_grace_s + 2.0,
         readiness=readiness,
+        lease_ttl_s=config.lease_ttl_s,
     )
     log.info(
         "controller %s: runner %s, ledger %s, agents reach the proxy at %s, max concurrency %d",

@@ -12,6 +12,7 @@
 | --key | AGL_KEY | none; the master key (agents get per-rollout tokens, never this) |
 | --default-timeout | AGL_CONTROLLER_DEFAULT_TIMEOUT | 3600 s, for rollouts whose config sets none |
 | --metrics-host / -port | AGL_CONTROLLER_METRICS_HOST / _PORT | 0.0.0.0 / 9465 (0: off); also /healthz, /readyz |
+| --lease-ttl | AGL_CONTROLLER_LEASE_TTL | 30 s heartbeat lease; silent that long, its rollouts are taken over |
 | --ready-check | AGL_CONTROLLER_READY_CHECK | 2 s between the cheap ledger calls /readyz follows |
 | --log-level | AGL_LOG_LEVEL | INFO |
 | local: --log-dir | AGL_CONTROLLER_LOG_DIR | ./agl-rollout-logs (one log file per rollout) |
@@ -64,6 +65,7 @@ class ControllerConfig:
     metrics_host: str
     metrics_port: int
     ready_check_s: float
+    lease_ttl_s: float
     log_level: str
     log_dir: str
     kill_grace_s: float
@@ -114,6 +116,12 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="only rollouts with these labels: k=v,k2=v2",
     )
     parser.add_argument("--controller-id", default=default("AGL_CONTROLLER_ID", socket.gethostname()))
+    parser.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=float(default("AGL_CONTROLLER_LEASE_TTL", "30")),
+        help="seconds without a heartbeat after which live controllers take over this one's running rollouts",
+    )
     parser.add_argument("--key", default=default("AGL_KEY", ""), help="master key (default: none)")
     parser.add_argument(
         "--default-timeout", type=float, default=float(default("AGL_CONTROLLER_DEFAULT_TIMEOUT", "3600"))
@@ -192,6 +200,8 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         parser.error("--launcher-idle must be positive")
     if args.ready_check <= 0:
         parser.error("--ready-check must be positive")
+    if not 0.3 <= args.lease_ttl <= 3600:  # the ledger's bounds; a NaN fails too
+        parser.error("--lease-ttl must be between 0.3 and 3600 seconds")
     if not args.controller_id:
         parser.error("--controller-id must not be empty")
     if args.template_timeout <= 0 or args.template_memory_mb < 128 or args.template_max_bytes < 1024:
@@ -216,6 +226,7 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         ready_check_s=args.ready_check,
+        lease_ttl_s=args.lease_ttl,
         log_level=args.log_level.upper(),
         log_dir=args.log_dir,
         kill_grace_s=args.kill_grace,

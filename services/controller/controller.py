@@ -4,6 +4,12 @@ Rollouts arrive by the WatchRollouts(states=[QUEUING]) stream (never by polling)
 (queuing -> running with attempt id, launcher reference and controller id, compare-and-set on its version)
 before anything is launched, so two controllers never launch one rollout. At most max_concurrency attempts
 run at once; the next queued rollout starts the moment one ends.
+
+Liveness: the controller heartbeats a lease in the ledger (lease_keeper.py). When another controller's lease
+expires while it owns RUNNING rollouts, this one takes them over: it claims each (running -> running under its own
+id, compare-and-set, so one live controller wins) and then does what a restart of the dead one would have done,
+adopting a Job that still runs or failing an attempt whose local process it cannot see (reason LOST, which the
+rollout's retry policy may turn into a new attempt).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from services._gen.agl.v1 import ledger_service_pb2 as pb
 from services._gen.agl.v1 import rollout_pb2
 from services.client import LedgerClient, LedgerError
 
+from .lease_keeper import Lease, LeaseKeeper, stopped_heartbeating
 from .metrics import ControllerMetrics
 from .outcome import INTERNAL, INVALID_CONFIG, SHUTDOWN, ConfigError, Outcome
 from .readiness import REFUSED_CODES, Readiness, backoff_s
@@ -53,6 +60,7 @@ class Controller:
         report_retry_s: float = 600.0,
         shutdown_timeout_s: float = 30.0,
         readiness: Readiness | None = None,
+        lease_ttl_s: float = 30.0,
     ) -> None:
         self._ledger = ledger
         self._runner = runner
@@ -68,6 +76,8 @@ class Controller:
         self._waiting: dict[str, asyncio.TimerHandle] = {}
         self._stopping = False
         self._readiness = readiness or Readiness(ledger.address)
+        self.leases = LeaseKeeper(ledger, controller_id, lease_ttl_s, self._take_over_from)
+        self._taking: set[str] = set()  # controllers whose rollouts are being listed for a takeover
 
     # -- main loop -------------------------------------------------------------------------------------------
 
@@ -75,6 +85,7 @@ class Controller:
         """Runs until `stop` is set (or the queuing stream fails for good), then shuts down."""
         await self._runner.start()
         watch: asyncio.Task[None] | None = None
+        heartbeat = asyncio.create_task(self.leases.run(), name="lease-heartbeat")
         try:
             stopper = asyncio.create_task(stop.wait())
             recovered = asyncio.create_task(self._recover())
@@ -86,7 +97,7 @@ class Controller:
             recovered.cancel()
             stopper.cancel()
         finally:
-            await self._shutdown(watch)
+            await self._shutdown(watch, heartbeat)
         if watch is not None and watch.done() and not watch.cancelled() and watch.exception() is not None:
             raise watch.exception()  # type: ignore[misc]
 
@@ -240,10 +251,10 @@ class Controller:
             return
         await self._run(plan, rollout)
 
-    async def _resume(self, rollout: rollout_pb2.Rollout) -> None:
+    async def _resume(self, rollout: rollout_pb2.Rollout, cause: str = "") -> None:
         self._metrics.running.inc()
         try:
-            outcome = await self._runner.resume(rollout)
+            outcome = await self._runner.resume(rollout, cause)
         finally:
             self._metrics.running.dec()
         await self._report(rollout.rollout_id, rollout.status.attempt_id, outcome)
@@ -389,10 +400,51 @@ class Controller:
                 return rollout if attempt.state == state else None
         return rollout if rollout.status.state == state else None
 
+    # -- takeover of dead controllers' rollouts ------------------------------------------------------------
+
+    def _take_over_from(self, leases: list[Lease]) -> None:
+        """Called with the expired leases a heartbeat returned."""
+        for lease in leases:
+            if self._stopping or lease.controller_id in self._taking or lease.controller_id == self._id:
+                continue
+            self._taking.add(lease.controller_id)
+            task = asyncio.create_task(self._take_over_all(lease), name=f"take-over-{lease.controller_id}")
+            task.add_done_callback(lambda _, cid=lease.controller_id: self._taking.discard(cid))
+
+    async def _take_over_all(self, lease: Lease) -> None:
+        try:
+            rollouts = await self._ledger.list_rollouts(states=[RUNNING], controller_id=lease.controller_id)
+        except LedgerError as err:  # the next heartbeat reports the lease again
+            log.warning("listing controller %s's rollouts failed (%s)", lease.controller_id, err.code().name)
+            return
+        if rollouts and not self._stopping:
+            log.info("%s: taking over its %d running rollout(s)", stopped_heartbeating(lease), len(rollouts))
+        for rollout in rollouts:
+            if not self._stopping and rollout.rollout_id not in self._live:
+                self._start_task(rollout.rollout_id, self._take_over(rollout, lease))
+
+    async def _take_over(self, rollout: rollout_pb2.Rollout, lease: Lease) -> None:
+        rollout_id = rollout.rollout_id
+        try:
+            claimed = await self._ledger.update_status(
+                rollout_id, RUNNING, controller_id=self._id, expected_version=rollout.status.version
+            )
+        except LedgerError as err:
+            if err.code() in _LOST:
+                log.debug("rollout %s: taken over by someone else or ended (%s)", rollout_id, err.code().name)
+            else:
+                log.warning("rollout %s: takeover claim failed (%s: %s)", rollout_id, err.code().name, err.details())
+            return
+        self._metrics.takeovers.inc()
+        log.info("rollout %s: taken over from controller %s (attempt %s)", rollout_id, lease.controller_id,
+                 claimed.status.attempt_id)  # fmt: skip
+        await self._resume(claimed, stopped_heartbeating(lease))
+
     # -- shutdown --------------------------------------------------------------------------------------------
 
-    async def _shutdown(self, watch: asyncio.Task[None] | None) -> None:
-        """Stop claiming; local agents are killed and their rollouts failed, Jobs are left for the next run."""
+    async def _shutdown(self, watch: asyncio.Task[None] | None, heartbeat: asyncio.Task[None]) -> None:
+        """Stop claiming; local agents are killed and their rollouts failed, Jobs are left for the next run (or for
+        a live controller, which takes them over once this one's lease has ended)."""
         self._stopping = True
         self._pending.clear()
         for rollout_id in list(self._waiting):
@@ -407,4 +459,8 @@ class Controller:
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks, timeout=self._shutdown_timeout_s)
+        heartbeat.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await heartbeat
+        await self.leases.leave()
         await self._runner.close()

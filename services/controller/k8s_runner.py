@@ -152,7 +152,8 @@ class K8sRunner:
         finally:
             self._tracked.pop(name, None)
 
-    async def resume(self, rollout: rollout_pb2.Rollout) -> Outcome:
+    async def resume(self, rollout: rollout_pb2.Rollout, cause: str = "") -> Outcome:
+        """Adopts the attempt's Job (the restart of this controller, or `cause`: a takeover) or reports it missing."""
         attempts = rollout.status.attempts
         name = job_name(rollout.rollout_id, attempts[-1].number if attempts else 1)
         tracked = self._track(rollout.rollout_id, rollout.status.attempt_id, name)
@@ -160,7 +161,7 @@ class K8sRunner:
             job = await self._retrying(self._jobs.get, name)
             if job is None:
                 reason = (
-                    f"Job {self._namespace}/{name} not found after a controller restart "
+                    f"Job {self._namespace}/{name} not found after {cause or 'a controller restart'} "
                     "(deleted, cleaned up after it finished, or never created)"
                 )
                 return Outcome.failure(VANISHED, reason)
@@ -169,7 +170,8 @@ class K8sRunner:
                 expected = rollout.status.attempt_id
                 reason = f"Job {self._namespace}/{name} belongs to attempt {attempt!r}, not {expected!r}"
                 return Outcome.failure(VANISHED, reason)
-            log.info("rollout %s: adopted Job %s/%s", rollout.rollout_id, self._namespace, name)
+            log.info("rollout %s: adopted Job %s/%s%s", rollout.rollout_id, self._namespace, name,
+                     f" ({cause})" if cause else "")  # fmt: skip
             tracked.created_at = time.monotonic()
             self._observe(tracked, job)
             return await asyncio.shield(tracked.future)

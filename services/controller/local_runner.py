@@ -392,8 +392,10 @@ class LocalRunner:
         except OSError as err:
             log.warning("cannot write pid file %s: %s", path, err)
 
-    async def resume(self, rollout: rollout_pb2.Rollout) -> Outcome:
-        """A local agent cannot be re-attached: kill what is left of it and fail the rollout with the reason."""
+    async def resume(self, rollout: rollout_pb2.Rollout, cause: str = "") -> Outcome:
+        """A local agent cannot be re-attached: kill what is left of it and fail the rollout with the reason. After a
+        restart the pid file tells; for a takeover (`cause`) it tells only when the dead controller shared this
+        host and log directory, and otherwise the agent's process was not observed."""
         rollout_id = rollout.rollout_id
         pid_path = self._pid_path(rollout_id)
         where = f"(log: {self.log_path(rollout_id)})"
@@ -411,7 +413,10 @@ class LocalRunner:
         with contextlib.suppress(OSError):
             pid_path.unlink()
         if alive and _signal_group(pid, signal.SIGKILL):
-            reason = f"controller restarted while the agent ran; killed its process group {pid} {where}"
+            done = f"killed its process group {pid}"
+            reason = f"{cause}; {done}" if cause else f"controller restarted while the agent ran; {done} {where}"
+        elif cause:
+            reason = f"{cause}; its agent process was not observed"
         else:
             reason = f"agent process gone after a controller restart; its exit status is unknown {where}"
         log.info("rollout %s: %s", rollout_id, reason)

@@ -57,6 +57,11 @@ class ControllerMetrics:
         self.claim_conflicts = Counter(
             "agl_controller_claim_conflicts", "Claims lost to another controller.", registry=self.registry
         )
+        self.takeovers = Counter(
+            "agl_controller_takeovers",
+            "Running rollouts taken over from a controller whose lease expired.",
+            registry=self.registry,
+        )
         self.launch_latency = Histogram(
             "agl_controller_launch_latency_seconds",
             "From the rollout's creation (enqueue) to its agent running.",

@@ -46,8 +46,9 @@ class Runner(Protocol):
     async def run(self, plan: LaunchPlan, launched: Callable[[], None]) -> Outcome:
         """Launches the claimed attempt, calls launched() once it runs, and returns how it ended."""
 
-    async def resume(self, rollout: rollout_pb2.Rollout) -> Outcome:
-        """For a rollout an earlier run of this controller left running: adopt and wait, or explain its loss."""
+    async def resume(self, rollout: rollout_pb2.Rollout, cause: str = "") -> Outcome:
+        """For a rollout an earlier run of this controller left running, or (`cause` says why) one taken over from a
+        controller whose lease expired: adopt and wait, or explain its loss."""
 
 
 def timeout_of(rollout: rollout_pb2.Rollout, default_s: float) -> float:

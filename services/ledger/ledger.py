@@ -15,9 +15,17 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from services._gen.agl.v1 import event_pb2, ledger_service_pb2, model_pb2, proxy_control_pb2, rollout_pb2
+from services._gen.agl.v1 import (
+    controller_lease_pb2,
+    event_pb2,
+    ledger_service_pb2,
+    model_pb2,
+    proxy_control_pb2,
+    rollout_pb2,
+)
 
 from . import attempts, states
+from .controller_leases import ControllerLeases
 from .errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from .hub import Change, RolloutFilter, RolloutHub
 from .logs import printable
@@ -87,6 +95,7 @@ class Ledger:
         self.terminal = TerminalLog()
         self.models = ModelRegistry()
         self.proxy = ProxyControlState()
+        self.controllers = ControllerLeases()
         self.stream_counts: collections.Counter[str] = collections.Counter()
         self._ring_size = ring_size
         self._watch_buffer = watch_buffer
@@ -104,6 +113,7 @@ class Ledger:
             rollout = rollout_pb2.Rollout.FromString(stored.data)
             self.rollouts[stored.rollout_id] = Entry(rollout, stored.ordinal, stored.terminal_cursor)
             self.state_counts[rollout.status.state] += 1
+            self.controllers.moved("", False, rollout.status.controller_id, rollout.status.state == states.RUNNING)
             revision = max(revision, rollout.status.revision, stored.ordinal)
             if stored.terminal_cursor is not None:
                 terminal.append((stored.terminal_cursor, stored.rollout_id))
@@ -246,7 +256,9 @@ class Ledger:
                 continue
             self.revision += 1
             self.terminal.remove(rollout_id)
-            self.state_counts[entry.rollout.status.state] -= 1
+            status = entry.rollout.status
+            self.state_counts[status.state] -= 1
+            self.controllers.moved(status.controller_id, status.state == states.RUNNING, "", False)
             ops.append((DELETE_ROLLOUT, rollout_id))
             changes.append(Change(self.revision, DELETE, entry.rollout, entry.rollout.status.state, 0))
         if not ops:
@@ -353,6 +365,8 @@ class Ledger:
         entry.lsn = lsn
         self.state_counts[previous_state] -= 1
         self.state_counts[status.state] += 1
+        before, after = current.status.controller_id, status.controller_id
+        self.controllers.moved(before, previous_state == states.RUNNING, after, status.state == states.RUNNING)
         if retry:
             self.retries[failure_reason] += 1
         if terminal:
@@ -393,15 +407,16 @@ class Ledger:
     # -- events ----------------------------------------------------------------------------------------------------
 
     async def append_events(
-        self, events: list[event_pb2.Event], reject_terminal: bool = False
+        self, events: list[event_pb2.Event], allow_terminal: bool = False
     ) -> tuple[list[int], list[str]]:
-        """Append atomically: every event is validated before anything is stored. Returns once durable."""
-        sequences, attempts, lsn = self.stage_events(events, reject_terminal)
+        """Append atomically: every event is validated before anything is stored. Returns once durable. A terminal
+        rollout refuses events (FailedPrecondition) unless `allow_terminal` is set."""
+        sequences, attempts, lsn = self.stage_events(events, allow_terminal)
         await self.durable(lsn)
         return sequences, attempts
 
     def stage_events(
-        self, events: list[event_pb2.Event], reject_terminal: bool = False
+        self, events: list[event_pb2.Event], allow_terminal: bool = False
     ) -> tuple[list[int], list[str], int]:
         """The synchronous part of `append_events`: validate, stamp, hand to the store. The caller must await
         `durable(lsn)` before acknowledging (a duplicate's original may still be committing, so the LSN is the
@@ -413,9 +428,10 @@ class Ledger:
             if entry is None:
                 raise NotFound(f"events[{i}]: rollout {event.rollout_id} not found")
             status = entry.rollout.status
-            if reject_terminal and states.is_terminal(status.state):
+            if not allow_terminal and states.is_terminal(status.state):
                 raise FailedPrecondition(
-                    f"rollout {event.rollout_id} is {states.state_name(status.state)}: it accepts no more events"
+                    f"events[{i}]: rollout {event.rollout_id} is {states.state_name(status.state)}: a finished "
+                    "rollout accepts no more events (a writer that belongs after the end sets allow_terminal)"
                 )
             if (
                 event.attempt_id
@@ -545,3 +561,16 @@ class Ledger:
     ) -> proxy_control_pb2.ProxyControl:
         self.proxy.report(replica_id, in_flight, observed_generation, ttl_seconds, leaving, time.time_ns())
         return self.proxy.snapshot()
+
+    # -- controller leases -----------------------------------------------------------------------------------------
+
+    def renew_controller_lease(
+        self, controller_id: str, ttl_seconds: float, leaving: bool
+    ) -> tuple[controller_lease_pb2.ControllerLease, list[controller_lease_pb2.ControllerLease]]:
+        """The caller's renewed (or, leaving, ended) lease, and the expired leases of controllers that still own
+        RUNNING rollouts, for the caller to take over."""
+        lease = self.controllers.renew(controller_id, ttl_seconds, leaving)
+        expired = self.controllers.expired(controller_id)
+        if leaving:
+            log.info("controller %s left (%d running rollouts)", controller_id, lease.running_rollouts)
+        return lease, expired

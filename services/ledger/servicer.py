@@ -109,6 +109,13 @@ def _terminal_entry(cursor: int, rollout: rollout_pb2.Rollout, events: list[byte
     )
 
 
+def _allow_terminal(request: pb.AppendEventsRequest) -> bool:
+    """The request's allow_terminal; the deprecated reject_terminal (refusing is the default now) contradicts it."""
+    if request.reject_terminal and request.allow_terminal:
+        raise errors.InvalidArgument("reject_terminal and allow_terminal contradict each other; set at most one")
+    return request.allow_terminal
+
+
 class LedgerServicer:
     """Implements agl.v1.LedgerService over a `Ledger`."""
 
@@ -181,7 +188,7 @@ class LedgerServicer:
 
     @rpc
     async def AppendEvents(self, request: pb.AppendEventsRequest, context: Any) -> pb.AppendEventsResponse:
-        sequences, attempts = await self.ledger.append_events(request.events, request.reject_terminal)
+        sequences, attempts = await self.ledger.append_events(request.events, _allow_terminal(request))
         return pb.AppendEventsResponse(sequences=sequences, attempt_ids=attempts)
 
     async def StreamAppendEvents(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
@@ -227,7 +234,7 @@ class LedgerServicer:
             code, message = grpc.StatusCode.INVALID_ARGUMENT, f"malformed StreamAppendEvents request: {exc}"
             return 0, pb.StreamAppendEventsResponse(error_code=code.value[0], error_message=message)
         try:
-            sequences, attempts, lsn = self.ledger.stage_events(request.append.events, request.append.reject_terminal)
+            sequences, attempts, lsn = self.ledger.stage_events(request.append.events, _allow_terminal(request.append))
         except errors.LedgerError as exc:
             return 0, pb.StreamAppendEventsResponse(
                 request_id=request.request_id, error_code=_status(exc).value[0], error_message=str(exc)
@@ -314,6 +321,13 @@ class LedgerServicer:
             request.replica_id, request.in_flight, request.observed_generation, request.ttl_seconds, request.leaving
         )
         return pb.ReportProxyReplicaResponse(control=control)
+
+    @rpc
+    async def RenewControllerLease(
+        self, request: pb.RenewControllerLeaseRequest, context: Any
+    ) -> pb.RenewControllerLeaseResponse:
+        lease, expired = self.ledger.renew_controller_lease(request.controller_id, request.ttl_seconds, request.leaving)
+        return pb.RenewControllerLeaseResponse(lease=lease, expired_leases=expired)
 
     @rpc
     async def GetProxyControl(self, request: pb.GetProxyControlRequest, context: Any) -> pb.GetProxyControlResponse:

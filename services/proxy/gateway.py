@@ -2,10 +2,11 @@
 
 A call is checked before it is forwarded: unknown rollout -> 404, terminal -> 409, so no engine time is spent on
 it. The check reads a cache: terminal rollouts are remembered for good, live ones for a minute by default. A
-live entry can go stale (the rollout finished or was deleted since): the append uses reject_terminal, so such a
-call still gets 409 (or 404) and leaves nothing in the ledger, and the answer updates the cache, so a stale
-entry costs at most one engine call. Re-checking live rollouts more often cost a GetRollout per rollout per
-interval, about 3% of the proxy's CPU in the benchmark at a 5 s interval.
+live entry can go stale (the rollout finished or was deleted since): the ledger refuses appends to a finished
+rollout by default (the proxy never sets allow_terminal), so such a call still gets 409 (or 404) and leaves
+nothing in the ledger, and the answer updates the cache, so a stale entry costs at most one engine call.
+Re-checking live rollouts more often cost a GetRollout per rollout per interval, about 3% of the proxy's CPU in
+the benchmark at a 5 s interval.
 
 Appends go through LedgerClient.append_events, which merges concurrent calls into shared AppendEvents requests
 sent over one long-lived append stream, re-opened when the ledger goes away for a while; the whole append is
@@ -130,7 +131,7 @@ class LedgerGateway:
 
     async def _append(self, event: event_pb2.Event) -> ledger_service_pb2.AppendEventsResponse:
         try:
-            return await self.client.append_events([event], reject_terminal=True, timeout_s=self._append_timeout)
+            return await self.client.append_events([event], timeout_s=self._append_timeout)
         except grpc.aio.AioRpcError as err:
             if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise ProxyError(

@@ -458,8 +458,8 @@ class RolloutManager:
                         succeeded=ok,
                     )
                 )
-        if appended:
-            await self.client.append_events(appended)
+        if appended:  # the hooks' events belong to rollouts that have ended: the ledger takes them only when told so
+            await self.client.append_events(appended, allow_terminal=True)
         consumed = [rid for record in records for rid in record.rollout_ids]
         for record in records:
             self._untrack(record)

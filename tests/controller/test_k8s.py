@@ -230,6 +230,34 @@ async def test_restart_adopts_existing_jobs_instead_of_recreating(
     assert k8s.create_calls == 3  # two by the first run, the orphan by the test: nothing recreated
 
 
+async def test_a_live_controller_adopts_a_dead_ones_jobs(
+    stack: Stack, ledger: LedgerClient, tmp_path: Path, k8s: K8sStandin
+) -> None:
+    """Controller A is killed (kill -9) with two Jobs running; B, another id, takes over once A's lease expires:
+    the Job that still exists is adopted and followed to its end, the one deleted meanwhile fails the attempt."""
+    lease = ["--lease-ttl", "1"]
+    with k8s_controller(stack, tmp_path, k8s, lease, controller_id="k8s-dead") as first:
+        kept, lost = await ledger.create_rollouts([job_spec(), job_spec()])
+        await asyncio.to_thread(wait_job, k8s, kept.rollout_id)
+        await asyncio.to_thread(wait_job, k8s, lost.rollout_id)
+        await wait_for(ledger, [kept.rollout_id, lost.rollout_id], states=[RUNNING])
+        first.process.kill()
+    k8s.delete_job(NS, job_name(lost.rollout_id))
+    with k8s_controller(stack, tmp_path, k8s, lease, controller_id="k8s-live") as second:
+        done = await wait_for(ledger, [lost.rollout_id])
+        status = done[lost.rollout_id].status
+        assert status.state == FAILED and status.failure_reason == rollout_pb2.FAILURE_REASON_LOST
+        assert "not found after controller k8s-dead stopped heartbeating at" in status.error_message
+        await asyncio.to_thread(k8s.wait_for, lambda: "adopted Job" in second.process.log_text())
+        adopted = await ledger.get_rollout(kept.rollout_id)
+        assert adopted.status.state == RUNNING and adopted.status.controller_id == "k8s-live"
+        k8s.complete_job(NS, job_name(kept.rollout_id))
+        done = await wait_for(ledger, [kept.rollout_id])
+    assert done[kept.rollout_id].status.state == SUCCEEDED
+    assert [a.attempt_id for a in done[kept.rollout_id].status.attempts] == [adopted.status.attempt_id]
+    assert k8s.create_calls == 2  # adopted, not recreated
+
+
 async def test_job_creation_is_rate_limited(
     stack: Stack, ledger: LedgerClient, tmp_path: Path, k8s: K8sStandin
 ) -> None:

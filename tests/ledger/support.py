@@ -71,8 +71,11 @@ def custom(rollout_id: str, data_json: str, *, event_type: str = "note", attempt
     return event_pb2.Event(rollout_id=rollout_id, attempt_id=attempt_id, event_type=event_type, data_json=data_json)
 
 
-async def append(stub: Stub, *events: event_pb2.Event, reject_terminal: bool = False) -> pb.AppendEventsResponse:
-    return await stub.AppendEvents(pb.AppendEventsRequest(events=list(events), reject_terminal=reject_terminal))
+async def append(
+    stub: Stub, *events: event_pb2.Event, allow_terminal: bool = False, reject_terminal: bool = False
+) -> pb.AppendEventsResponse:
+    flags = {"allow_terminal": allow_terminal, "reject_terminal": reject_terminal}
+    return await stub.AppendEvents(pb.AppendEventsRequest(events=list(events), **flags))
 
 
 async def list_events(stub: Stub, rollout_id: str, **fields: object) -> list[event_pb2.Event]:

@@ -84,7 +84,7 @@ async def _bad_call(client: LedgerClient, uid: str, kind: str) -> tuple[grpc.Sta
     rid = f"{uid}-done"
     await _running(client, rid)
     await client.update_status(rid, SUCCEEDED)
-    call = client.append_events([reward(rid, 1.0)], reject_terminal=True)
+    call = client.append_events([reward(rid, 1.0)])
     return grpc.StatusCode.FAILED_PRECONDITION, rid, call
 
 
@@ -93,11 +93,10 @@ async def test_a_refused_call_fails_alone_and_the_others_are_stored_once(client:
     ids = [f"{uid}-{i}" for i in range(12)]
     await _running(client, *ids)
     code, detail, bad = await _bad_call(client, uid, kind)
-    reject = kind == "terminal"  # in the same lane as the bad call
 
-    async def good(rid: str) -> list[int]:
-        first = await client.append_events([reward(rid, 0.0), reward(rid, 1.0)], reject_terminal=reject)
-        second = await client.append_events([reward(rid, 2.0)], reject_terminal=reject)
+    async def good(rid: str) -> list[int]:  # in the same lane as the bad call
+        first = await client.append_events([reward(rid, 0.0), reward(rid, 1.0)])
+        second = await client.append_events([reward(rid, 2.0)])
         return [*first.sequences, *second.sequences]
 
     calls = [good(rid) for rid in ids[:6]] + [bad] + [good(rid) for rid in ids[6:]]
@@ -118,13 +117,13 @@ async def test_every_caller_of_a_refused_merge_gets_its_own_error(client: Ledger
         assert f"{uid}-none-{i}" in (error.details() or "")
 
 
-async def test_lanes_keep_reject_terminal_per_call(client: LedgerClient, uid: str):
+async def test_lanes_keep_allow_terminal_per_call(client: LedgerClient, uid: str):
     rid = f"{uid}-r"
     await _running(client, rid)
     await client.update_status(rid, SUCCEEDED)
     late, refused = await asyncio.gather(
-        client.append_events([custom(rid, '{"log": 1}')]),
-        client.append_events([reward(rid, 1.0)], reject_terminal=True),
+        client.append_events([custom(rid, '{"log": 1}')], allow_terminal=True),
+        client.append_events([reward(rid, 1.0)]),
         return_exceptions=True,
     )
     assert list(late.sequences) == [1]
@@ -145,7 +144,7 @@ async def test_events_without_an_id_get_one_and_the_callers_events_are_left_alon
     await _running(client, rid)
     mine = [reward(rid, 1.0), reward(rid, 2.0, event_id="chosen"), custom(rid, '{"k": "v"}')]
     before = [e.SerializeToString() for e in mine]
-    reply = await client.append_events(mine, reject_terminal=True)
+    reply = await client.append_events(mine)
     assert list(reply.sequences) == [1, 2, 3] and list(reply.attempt_ids) == ["a1"] * 3
     assert [e.SerializeToString() for e in mine] == before  # not filled in on the caller's objects
     stored = await client.list_events(rid)
@@ -341,12 +340,12 @@ def test_append_request_bytes_concatenate_into_one_request():
     from services._gen.agl.v1 import ledger_service_pb2 as pb
 
     parts = [
-        pb.AppendEventsRequest(events=[reward("a", 1.0), reward("b", 2.0)], reject_terminal=True),
+        pb.AppendEventsRequest(events=[reward("a", 1.0), reward("b", 2.0)], allow_terminal=True),
         pb.AppendEventsRequest(events=[event_pb2.Event(rollout_id="c", event_type="x", data_json="{}")],
-                               reject_terminal=True),
+                               allow_terminal=True),
     ]  # fmt: skip
     merged = pb.AppendEventsRequest.FromString(b"".join(p.SerializeToString() for p in parts))
-    assert [e.rollout_id for e in merged.events] == ["a", "b", "c"] and merged.reject_terminal
+    assert [e.rollout_id for e in merged.events] == ["a", "b", "c"] and merged.allow_terminal
 
 
 async def test_appends_work_without_a_call_timeout(ledger_proc: ServiceProcess, uid: str):

@@ -150,7 +150,7 @@ async def test_core_rollout_lifecycle_and_errors(core: Ledger):
         await core.append_events([reward("a", 1.0), reward("nope", 1.0)])
     done = await core.update_status("a", S)
     with pytest.raises(FailedPrecondition):
-        await core.append_events([reward("a", 1.0)], reject_terminal=True)
+        await core.append_events([reward("a", 1.0)])
     items, reached = await feeds.list_terminal(core, 0, {}, True, 10)
     assert reached == 1 and items[0][1] == done and len(items[0][2]) == 2
     assert core.state_counts[S] == 1 and core.events_appended == 2

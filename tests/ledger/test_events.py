@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 
 import grpc
+import pytest
 
 from services._gen.agl.v1 import event_pb2
 from services._gen.agl.v1 import ledger_service_pb2 as pb
 
 from .support import (
+    FAILED,
     RUNNING,
     SUCCEEDED,
     append,
@@ -97,17 +99,57 @@ async def test_batch_is_atomic(stub, uid):
     assert list((await append(stub, reward(rid, 1.0))).sequences) == [1]
 
 
-async def test_reject_terminal(stub, uid):
+@pytest.mark.parametrize("end", [SUCCEEDED, FAILED])
+async def test_a_finished_rollout_refuses_events_by_default(stub, uid, end):
+    """Issue 17 #12: the events of a rollout the trainer may have read already do not change behind its back."""
+    rid = f"{uid}-r"
+    await create(stub, rid)
+    await update(stub, rid, RUNNING, attempt_id="a")
+    await append(stub, reward(rid, 1.0))
+    await update(stub, rid, end)
+    name = "succeeded" if end == SUCCEEDED else "failed"
+    details = await expect_error(grpc.StatusCode.FAILED_PRECONDITION, append(stub, reward(rid, 0.0)))
+    assert rid in details and name in details and "allow_terminal" in details
+    # The deprecated reject_terminal keeps its meaning; a batch with one finished rollout stores nothing at all.
+    other = f"{uid}-live"
+    await create(stub, other)
+    await update(stub, other, RUNNING, attempt_id="b")
+    await expect_error(grpc.StatusCode.FAILED_PRECONDITION, append(stub, reward(rid, 0.0), reject_terminal=True))
+    await expect_error(grpc.StatusCode.FAILED_PRECONDITION, append(stub, reward(other, 1.0), custom(rid, "{}")))
+    assert await list_events(stub, other) == []
+    assert [e.reward.value for e in await list_events(stub, rid)] == [1.0]
+
+
+async def test_allow_terminal_stores_events_after_the_end(stub, uid):
     rid = f"{uid}-r"
     await create(stub, rid)
     await update(stub, rid, RUNNING, attempt_id="a")
     await update(stub, rid, SUCCEEDED)
+    reply = await append(stub, custom(rid, '{"judge": "late"}', event_type="hook_note"), allow_terminal=True)
+    assert list(reply.sequences) == [1] and list(reply.attempt_ids) == ["a"]
+    stored = await list_events(stub, rid)
+    assert [(e.event_type, e.data_json) for e in stored] == [("hook_note", '{"judge": "late"}')]
     details = await expect_error(
-        grpc.StatusCode.FAILED_PRECONDITION, append(stub, reward(rid, 1.0), reject_terminal=True)
+        grpc.StatusCode.INVALID_ARGUMENT, append(stub, reward(rid, 1.0), allow_terminal=True, reject_terminal=True)
     )
-    assert rid in details and "succeeded" in details
-    # Without the flag a late event is still recorded (e.g. an agent's log line after the process ended).
-    assert list((await append(stub, custom(rid, "{}"))).sequences) == [1]
+    assert "reject_terminal" in details and "allow_terminal" in details
+    assert len(await list_events(stub, rid)) == 1
+
+
+async def test_stream_append_refuses_a_finished_rollout_unless_allowed(stub, uid):
+    rid = f"{uid}-r"
+    await create(stub, rid)
+    await update(stub, rid, RUNNING, attempt_id="a")
+    await update(stub, rid, FAILED)
+    call = stub.StreamAppendEvents()
+    await call.write(pb.StreamAppendEventsRequest(request_id=1, append=pb.AppendEventsRequest(events=[reward(rid, 1)])))
+    allowed = pb.AppendEventsRequest(events=[custom(rid, "{}")], allow_terminal=True)
+    await call.write(pb.StreamAppendEventsRequest(request_id=2, append=allowed))
+    await call.done_writing()
+    replies = [reply async for reply in call]
+    assert replies[0].request_id == 1 and replies[0].error_code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    assert rid in replies[0].error_message and "failed" in replies[0].error_message
+    assert replies[1].request_id == 2 and replies[1].error_code == 0 and list(replies[1].append.sequences) == [1]
 
 
 async def test_triplet_view_trims_dedupes_and_nulls_bad_logprobs(stub, uid):

@@ -189,6 +189,21 @@ async def test_terminal_rollout_is_409_even_right_after_it_finished(proxy, engin
     assert len(await recorded(client, rollout_id)) == 1
 
 
+async def test_an_agents_reward_after_its_rollout_ended_is_409_and_not_stored(proxy, client) -> None:
+    """Issue 17 #12 from the agent's side: the proxy still holds the rollout as running (its cache), so the refusal
+    comes from the ledger, which takes no events for a finished rollout unless a writer opts in."""
+    rollout_id = await new_rollout(client)
+    token = {"authorization": f"Bearer {agent_token(KEY, rollout_id, 'at-1')}"}
+    first = httpx.post(event_url(proxy, rollout_id), json={"event_type": "progress", "data": {"n": 1}}, headers=token)
+    assert first.status_code == 200  # the proxy now holds the rollout as running
+    await client.update_status(rollout_id, rollout_pb2.ROLLOUT_STATE_SUCCEEDED)
+    late = httpx.post(event_url(proxy, rollout_id), json={"event_type": "reward", "data": {"value": 1}}, headers=token)
+    assert late.status_code == 409, late.text
+    error = late.json()["error"]
+    assert error["code"] == "rollout_terminal" and rollout_id in error["message"] and "finished" in error["message"]
+    assert [e.event_type for e in await recorded(client, rollout_id)] == ["progress"]
+
+
 async def test_deleted_rollout_is_404_and_forgotten(proxy, engine, client) -> None:
     rollout_id = await new_rollout(client)
     assert post_chat(proxy, rollout_id).status_code == 200  # the proxy now holds the rollout as running

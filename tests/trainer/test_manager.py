@@ -6,6 +6,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import grpc
 import pytest
 
 from services.client import LedgerClient
@@ -229,7 +230,11 @@ async def test_hook_events_reach_the_ledger(ledger: ServiceProcess, run_id: str,
     rollout = await client.get_rollout(spec.rollout_id)
     for _ in range(2):  # a restarted manager runs the hook again: the stable event id stores it once
         extra = await on_finished(hooks, rollout, [], True)
-        await client.append_events(extra)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:  # the rollout has ended: only an explicit opt-in writes
+            await client.append_events(extra)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert spec.rollout_id in (refused.value.details() or "") and "succeeded" in (refused.value.details() or "")
+        await client.append_events(extra, allow_terminal=True)
     rewards = await client.list_events(spec.rollout_id, event_type="reward")
     assert [e.reward.value for e in rewards] == [0.0, 9.0]
     assert rewards[-1].reward.source == "judge"

@@ -1,3 +1,4 @@
+from . import controller_lease_pb2 as _controller_lease_pb2
 from . import event_pb2 as _event_pb2
 from . import model_pb2 as _model_pb2
 from . import proxy_control_pb2 as _proxy_control_pb2
@@ -136,12 +137,14 @@ class UpdateRolloutStatusResponse(_message.Message):
     def __init__(self, rollout: _Optional[_Union[_rollout_pb2.Rollout, _Mapping]] = ...) -> None: ...
 
 class AppendEventsRequest(_message.Message):
-    __slots__ = ("events", "reject_terminal")
+    __slots__ = ("events", "reject_terminal", "allow_terminal")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     REJECT_TERMINAL_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_TERMINAL_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
     reject_terminal: bool
-    def __init__(self, events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., reject_terminal: _Optional[bool] = ...) -> None: ...
+    allow_terminal: bool
+    def __init__(self, events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., reject_terminal: _Optional[bool] = ..., allow_terminal: _Optional[bool] = ...) -> None: ...
 
 class AppendEventsResponse(_message.Message):
     __slots__ = ("sequences", "attempt_ids")
@@ -393,6 +396,24 @@ class WatchProxyControlResponse(_message.Message):
     CONTROL_FIELD_NUMBER: _ClassVar[int]
     control: _proxy_control_pb2.ProxyControl
     def __init__(self, control: _Optional[_Union[_proxy_control_pb2.ProxyControl, _Mapping]] = ...) -> None: ...
+
+class RenewControllerLeaseRequest(_message.Message):
+    __slots__ = ("controller_id", "ttl_seconds", "leaving")
+    CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
+    controller_id: str
+    ttl_seconds: float
+    leaving: bool
+    def __init__(self, controller_id: _Optional[str] = ..., ttl_seconds: _Optional[float] = ..., leaving: _Optional[bool] = ...) -> None: ...
+
+class RenewControllerLeaseResponse(_message.Message):
+    __slots__ = ("lease", "expired_leases")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_LEASES_FIELD_NUMBER: _ClassVar[int]
+    lease: _controller_lease_pb2.ControllerLease
+    expired_leases: _containers.RepeatedCompositeFieldContainer[_controller_lease_pb2.ControllerLease]
+    def __init__(self, lease: _Optional[_Union[_controller_lease_pb2.ControllerLease, _Mapping]] = ..., expired_leases: _Optional[_Iterable[_Union[_controller_lease_pb2.ControllerLease, _Mapping]]] = ...) -> None: ...
 
 class CreateRunRequest(_message.Message):
     __slots__ = ("run_id", "labels", "config_json")

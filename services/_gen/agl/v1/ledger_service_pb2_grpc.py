@@ -130,6 +130,11 @@ class LedgerServiceStub:
                 request_serializer=agl_dot_v1_dot_ledger__service__pb2.WatchProxyControlRequest.SerializeToString,
                 response_deserializer=agl_dot_v1_dot_ledger__service__pb2.WatchProxyControlResponse.FromString,
                 _registered_method=True)
+        self.RenewControllerLease = channel.unary_unary(
+                '/agl.v1.LedgerService/RenewControllerLease',
+                request_serializer=agl_dot_v1_dot_ledger__service__pb2.RenewControllerLeaseRequest.SerializeToString,
+                response_deserializer=agl_dot_v1_dot_ledger__service__pb2.RenewControllerLeaseResponse.FromString,
+                _registered_method=True)
         self.CreateRun = channel.unary_unary(
                 '/agl.v1.LedgerService/CreateRun',
                 request_serializer=agl_dot_v1_dot_ledger__service__pb2.CreateRunRequest.SerializeToString,
@@ -210,7 +215,8 @@ class LedgerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AppendEvents(self, request, context):
-        """Appends events (for one or many rollouts) atomically; the ledger stamps sequence and time.
+        """Appends events (for one or many rollouts) atomically; the ledger stamps sequence and time. Appends to a terminal
+        rollout are refused unless the request sets allow_terminal.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -301,6 +307,16 @@ class LedgerServiceServicer:
 
     def WatchProxyControl(self, request, context):
         """Streams the proxy control state: the current state first, then every change.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenewControllerLease(self, request, context):
+        """A controller's heartbeat: renews its lease (or ends it when leaving) and names the other controllers whose leases
+        expired while they still own RUNNING rollouts. A live controller takes those rollouts over: it claims each one
+        (running -> running with its own controller_id, compare-and-set on the version, so exactly one controller
+        wins), then adopts what survived (a Kubernetes Job) or fails the attempt as lost (a local process).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -457,6 +473,11 @@ def add_LedgerServiceServicer_to_server(servicer, server):
                     servicer.WatchProxyControl,
                     request_deserializer=agl_dot_v1_dot_ledger__service__pb2.WatchProxyControlRequest.FromString,
                     response_serializer=agl_dot_v1_dot_ledger__service__pb2.WatchProxyControlResponse.SerializeToString,
+            ),
+            'RenewControllerLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewControllerLease,
+                    request_deserializer=agl_dot_v1_dot_ledger__service__pb2.RenewControllerLeaseRequest.FromString,
+                    response_serializer=agl_dot_v1_dot_ledger__service__pb2.RenewControllerLeaseResponse.SerializeToString,
             ),
             'CreateRun': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateRun,
@@ -1013,6 +1034,33 @@ class LedgerService:
             '/agl.v1.LedgerService/WatchProxyControl',
             agl_dot_v1_dot_ledger__service__pb2.WatchProxyControlRequest.SerializeToString,
             agl_dot_v1_dot_ledger__service__pb2.WatchProxyControlResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewControllerLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agl.v1.LedgerService/RenewControllerLease',
+            agl_dot_v1_dot_ledger__service__pb2.RenewControllerLeaseRequest.SerializeToString,
+            agl_dot_v1_dot_ledger__service__pb2.RenewControllerLeaseResponse.FromString,
             options,
             channel_credentials,
             insecure,
