@@ -46,32 +46,35 @@ class LeaseKeeper:
         self.ttl_s = ttl_s
         self._on_expired = on_expired
         self._failing = False
-        self.beats = 0  # heartbeats the ledger acknowledged
 
     async def run(self) -> None:
         """Heartbeats until cancelled."""
         interval = self.ttl_s / 3
+        loop = asyncio.get_running_loop()
         while True:
+            started = loop.time()
             if not await self.beat():
                 return
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(0.0, started + interval - loop.time()))
 
     async def beat(self) -> bool:
         """One heartbeat; False when the ledger has no leases (takeover off)."""
-        try:
-            reply = await self._ledger.renew_controller_lease(self._id, self.ttl_s, timeout_s=self.ttl_s / 3)
-        except LedgerError as err:
-            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+        interval = self.ttl_s / 3
+        try:  # bounded as a whole (the client retries UNAVAILABLE), so the beats keep their pace
+            renewal = self._ledger.renew_controller_lease(self._id, self.ttl_s, timeout_s=interval)
+            reply = await asyncio.wait_for(renewal, interval)
+        except (LedgerError, asyncio.TimeoutError) as err:
+            if isinstance(err, LedgerError) and err.code() == grpc.StatusCode.UNIMPLEMENTED:
                 log.warning("the ledger keeps no controller leases: dead controllers' rollouts are not taken over")
                 return False
             if not self._failing:
-                log.warning("controller lease not renewed (%s: %s); trying again", err.code().name, err.details())
+                why = f"{err.code().name}: {err.details()}" if isinstance(err, LedgerError) else "no answer in time"
+                log.warning("controller lease not renewed (%s); trying again", why)
             self._failing = True
             return True
         if self._failing:
             log.info("controller lease renewed again")
         self._failing = False
-        self.beats += 1
         if reply.expired_leases:
             self._on_expired(list(reply.expired_leases))
         return True
@@ -79,4 +82,5 @@ class LeaseKeeper:
     async def leave(self) -> None:
         """Ends the lease at shutdown (best effort), so live controllers take over what is left without waiting."""
         with contextlib.suppress(LedgerError, asyncio.TimeoutError):
-            await self._ledger.renew_controller_lease(self._id, self.ttl_s, leaving=True, timeout_s=2.0)
+            leaving = self._ledger.renew_controller_lease(self._id, self.ttl_s, leaving=True, timeout_s=2.0)
+            await asyncio.wait_for(leaving, 3.0)

@@ -173,6 +173,7 @@ def test_a_controller_with_another_id_takes_over_a_dead_ones_rollouts(tmp_path: 
         assert status.failure_reason == rollout_pb2.FAILURE_REASON_LOST and status.controller_id == "ctl-b"
         assert "controller ctl-a stopped heartbeating at" in status.error_message, status.error_message
         assert "its agent process was not observed" in status.error_message, status.error_message
+        assert [a.attempt_id for a in status.attempts] == [at_kill[rid]]  # failed, not launched again
     for rid in retried:
         status = states[rid].status
         assert status.state == rollout_pb2.ROLLOUT_STATE_SUCCEEDED, status
@@ -180,6 +181,7 @@ def test_a_controller_with_another_id_takes_over_a_dead_ones_rollouts(tmp_path: 
         assert "ctl-a stopped heartbeating" in status.attempts[0].error_message
     rest = [rid for rid in ids if rid not in at_kill]
     assert all(states[rid].status.state == rollout_pb2.ROLLOUT_STATE_SUCCEEDED for rid in rest)
+    assert all(len(states[rid].status.attempts) == 1 for rid in rest)
     report(
         f"controller kill -9 with {len(at_kill)} agents running, a second controller (another id) started, lease TTL "
         f"{ttl:g} s",
