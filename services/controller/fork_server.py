@@ -41,6 +41,7 @@ from typing import Any
 from . import agent_runner
 from .agent_code import learned_modules, local_files
 from .agent_runner import notify_running, run_agent_in_child
+from .client_warmup import warm_http_clients
 
 log = logging.getLogger("services.controller.fork_server")
 
@@ -131,8 +132,9 @@ class ForkServer:
     def _warm_libraries() -> None:
         """Fills process-wide standard-library caches that no rollout can change, which each child would redo.
 
-        OpenSSL's one-time initialisation, and platform.uname().processor (which runs `uname -p` in a
-        subprocess the first time; the OpenAI SDK asks for it on every client's first request).
+        OpenSSL's one-time initialisation, platform.uname().processor (which runs `uname -p` in a
+        subprocess the first time; the OpenAI SDK asks for it on every client's first request), and the
+        first-call paths of the HTTP client libraries the agent imported (client_warmup.py).
         """
         with contextlib.suppress(Exception):
             import ssl
@@ -142,6 +144,8 @@ class ForkServer:
             import platform
 
             _ = platform.uname().processor
+        with contextlib.suppress(Exception):
+            warm_http_clients()
 
     # -- main loop ---------------------------------------------------------------------------------------------
 
