@@ -48,7 +48,7 @@ WARM_START_VERSION = 2
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training (the default)")
-    group.add_argument("--steps", type=int, default=30, help="GRPO steps")
+    group.add_argument("--steps", type=int, default=60, help="GRPO steps")
     group.add_argument("--tasks-per-step", type=int, default=16, help="tasks per step (GRPO groups)")
     group.add_argument("--lr", type=float, default=1e-4, help="actor learning rate (0: a control run)")
     group.add_argument("--lr-warmup-steps", type=int, default=10, help="optimizer steps of linear lr warm-up")
@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--val-tasks", type=int, default=64, help="held-out tasks (greedy accuracy)")
     group.add_argument("--warm-start-steps", type=int, default=150, help="supervised warm-start steps")
     group.add_argument("--max-operand", type=int, default=19, help="tasks add two numbers in 0..N")
-    group.add_argument("--val-every", type=int, default=0, help="held-out accuracy every N steps (0: at the end)")
+    group.add_argument("--val-every", type=int, default=20, help="held-out accuracy every N steps (0: at the end)")
 
 
 # -- data and model -----------------------------------------------------------------------------------------
@@ -317,7 +317,11 @@ def run_training(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     specs = {name: specs[name] for name in wanted}
     logs = data_dir / "logs"
     overrides = {
-        "controller": {"AGL_CONTROLLER_LOG_DIR": str(logs / "agents")},
+        # A whole step's rollouts at once (the compose file's 8 would run a 64-rollout step in 8 waves).
+        "controller": {
+            "AGL_CONTROLLER_LOG_DIR": str(logs / "agents"),
+            "AGL_CONTROLLER_MAX_CONCURRENCY": str(max(8, args.tasks_per_step * args.group_size)),
+        },
         "engine": {"AGL_ENGINE_MODEL_DIR": str(model_path)},
     }
     plans = local_stack.localize(specs, data_dir, overrides)
