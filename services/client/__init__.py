@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from .ledger_client import LedgerClient, LedgerError
+from .ledger_link import REFUSED_CODES, LedgerLink, refused_message
 from .retry import RetryPolicy
 from .tokens import agent_token, verify_agent_token
 
-__all__ = ["LedgerClient", "LedgerError", "RetryPolicy", "agent_token", "verify_agent_token"]
+__all__ = [
+    "REFUSED_CODES",
+    "LedgerClient",
+    "LedgerError",
+    "LedgerLink",
+    "RetryPolicy",
+    "agent_token",
+    "refused_message",
+    "verify_agent_token",
+]

@@ -16,22 +16,10 @@ import time
 
 import grpc
 
-from services.client import LedgerClient, RetryPolicy
+from services.client import REFUSED_CODES, LedgerClient, LedgerLink, RetryPolicy, refused_message
+from services.client.ledger_link import OK
 
 log = logging.getLogger(__name__)
-
-REFUSED_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
-OK = "ok"
-UNREACHABLE = "ledger_unreachable"
-REFUSED = "ledger_refused_key"
-UNKNOWN = "not_synced"
-
-
-def refused_message(ledger: str, details: str) -> str:
-    return (
-        f"the ledger at {ledger} refused the controller's key ({details or 'UNAUTHENTICATED'}): "
-        "give the controller the ledger's key (--key or AGL_KEY)"
-    )
 
 
 def backoff_s(failures: int, initial_s: float = 1.0, ceiling_s: float = 30.0) -> float:
@@ -39,38 +27,12 @@ def backoff_s(failures: int, initial_s: float = 1.0, ceiling_s: float = 30.0) ->
     return min(initial_s * 2 ** max(failures - 1, 0), ceiling_s)
 
 
-class Readiness:
+class Readiness(LedgerLink):
     """The controller's ledger connection and queue subscription, updated by every background ledger call."""
 
     def __init__(self, ledger: str) -> None:
-        self.ledger = ledger
-        self.state = UNKNOWN
-        self.detail = f"no answer from the ledger at {ledger} yet"
+        super().__init__(ledger, "controller", log, address_in_reason=True, refused_note="; retrying with backoff")
         self.subscribed = False
-        self.since = time.monotonic()
-
-    def succeeded(self) -> None:
-        if self.state != OK:
-            if self.state in (REFUSED, UNREACHABLE):
-                log.info("ledger at %s answers again", self.ledger)
-            self._set(OK, "")
-
-    def failed(self, err: grpc.aio.AioRpcError) -> None:
-        code = err.code()
-        if code in REFUSED_CODES:
-            if self.state != REFUSED:
-                log.error("%s; retrying with backoff", refused_message(self.ledger, err.details() or code.name))
-            self._set(REFUSED, f"the ledger at {self.ledger} refused the controller's key ({code.name})")
-        else:
-            if self.state != UNREACHABLE:
-                log.warning("ledger at %s unreachable (%s); retrying with backoff", self.ledger, code.name)
-            self._set(UNREACHABLE, f"the ledger at {self.ledger} did not answer ({code.name})")
-
-    def _set(self, state: str, detail: str) -> None:
-        if state != self.state:
-            self.since = time.monotonic()
-        self.state = state
-        self.detail = detail
 
     @property
     def ready(self) -> bool:
@@ -118,6 +80,6 @@ async def key_refused_at_start(ledger: str, key: str | None, timeout_s: float = 
             await client.get_proxy_control()
         except grpc.aio.AioRpcError as err:
             if err.code() in REFUSED_CODES:
-                return refused_message(ledger, err.details() or err.code().name)
+                return refused_message(ledger, err.details() or err.code().name, "controller")
             log.warning("ledger at %s not answering at start (%s); waiting for it, not ready", ledger, err.code().name)
     return None

@@ -14,56 +14,18 @@ import time
 
 import grpc
 
-from services.client import LedgerClient, RetryPolicy
+from services.client import REFUSED_CODES, LedgerClient, LedgerLink, RetryPolicy, refused_message
+from services.client.ledger_link import OK
 
 log = logging.getLogger(__name__)
 
-REFUSED_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
-OK = "ok"
-UNREACHABLE = "ledger_unreachable"
-REFUSED = "ledger_refused_key"
-UNKNOWN = "not_synced"
 
-
-def refused_message(ledger: str, details: str) -> str:
-    return (
-        f"the ledger at {ledger} refused the proxy's key ({details or 'UNAUTHENTICATED'}): "
-        "give the proxy the ledger's key (--key or AGL_KEY)"
-    )
-
-
-class Readiness:
+class Readiness(LedgerLink):
     """The state of the proxy's ledger connection, updated by every background ledger call."""
 
     def __init__(self, ledger: str) -> None:
-        self.ledger = ledger
-        self.state = UNKNOWN
-        self.detail = "no answer from the ledger yet"
-        self.since = time.monotonic()
+        super().__init__(ledger, "proxy", log)
         self.models_seen = False
-
-    def succeeded(self) -> None:
-        if self.state != OK:
-            if self.state in (REFUSED, UNREACHABLE):
-                log.info("ledger at %s answers again", self.ledger)
-            self._set(OK, "")
-
-    def failed(self, err: grpc.aio.AioRpcError) -> None:
-        code = err.code()
-        if code in REFUSED_CODES:
-            if self.state != REFUSED:
-                log.error("%s", refused_message(self.ledger, err.details() or code.name))
-            self._set(REFUSED, f"the ledger refused the proxy's key ({code.name})")
-        else:
-            if self.state != UNREACHABLE:
-                log.warning("ledger at %s unreachable (%s); retrying with backoff", self.ledger, code.name)
-            self._set(UNREACHABLE, f"the ledger did not answer ({code.name})")
-
-    def _set(self, state: str, detail: str) -> None:
-        if state != self.state:
-            self.since = time.monotonic()
-        self.state = state
-        self.detail = detail
 
     @property
     def ready(self) -> bool:
@@ -93,6 +55,6 @@ async def key_refused_at_start(ledger: str, key: str | None, timeout_s: float = 
             await client.get_proxy_control()
         except grpc.aio.AioRpcError as err:
             if err.code() in REFUSED_CODES:
-                return refused_message(ledger, err.details() or err.code().name)
+                return refused_message(ledger, err.details() or err.code().name, "proxy")
             log.warning("ledger at %s not answering at start (%s); serving, not ready", ledger, err.code().name)
     return None
