@@ -208,8 +208,10 @@ class AppendStream:
                     await wake.wait()
         except grpc.aio.AioRpcError as err:
             ended.append(err)
-        except asyncio.InvalidStateError:  # written after the call ended; the reader has its status
-            pass
+        except asyncio.InvalidStateError:
+            # Written after the call ended: the reader is about to get its status (say UNAUTHENTICATED). Let it,
+            # before the cancel below, or it would read CANCELLED and the stream would be opened again for nothing.
+            await asyncio.wait([reader])
         finally:
             call.cancel()
             if not reader.done():

@@ -157,7 +157,9 @@ def test_every_probe_passes_on_a_working_stack_and_readiness_fails_while_the_ser
             other.execute("BEGIN IMMEDIATE")
             try:
                 event = event_pb2.Event(rollout_id="ro-probe", attempt_id="", event_type="note", data_json="{}")
-                append = asyncio.create_task(client.append_events([event], timeout_s=30))
+                # allow_terminal: the stack's controller fails this command-less rollout at once; only the write
+                # (held up by the lock) matters here.
+                append = asyncio.create_task(client.append_events([event], allow_terminal=True, timeout_s=30))
                 why = await asyncio.to_thread(wait_probe, stack.ledger, "readinessProbe", False)
                 assert "NOT_SERVING" in why, why
                 assert probe(stack.ledger, "livenessProbe") == ""

@@ -7,6 +7,7 @@ Each run is the installed console script, as a user starts it. Agents are real p
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import subprocess
 import sys
@@ -142,9 +143,10 @@ def max_weight_change(before: Path, after: Path) -> float:
     return max(float((new[name] - old[name]).abs().max()) for name in shared)
 
 
-async def remaining_rollouts(stack: Stack, run_id: str) -> int:
+async def remaining_by_step(stack: Stack, run_id: str) -> dict[str, int]:
     async with stack.client() as client:
-        return len(await client.list_rollouts(labels={"agl_run": run_id}))
+        rollouts = await client.list_rollouts(labels={"agl_run": run_id})
+    return dict(collections.Counter(r.metadata.labels.get("agl_step", "") for r in rollouts))
 
 
 async def endpoint_version(stack: Stack) -> int:
@@ -182,7 +184,8 @@ def test_three_steps_train_push_and_clean_up(stack: Stack, cpu_engine: Engine, t
     assert max(abs(a - b) for a, b in zip(served, expected, strict=True)) < 1e-4
 
     assert asyncio.run(endpoint_version(stack)) == 3
-    assert asyncio.run(remaining_rollouts(stack, "cpu3")) == 0
+    # Retention (agl.retention.keep_steps, default 2): steps 2 and 3 stay inspectable, step 1's rollouts are deleted.
+    assert asyncio.run(remaining_by_step(stack, "cpu3")) == {"2": 8, "3": 8}
     records = [json.loads(line) for line in run.trajectories.read_text().splitlines()]
     assert len(records) == 24
     assert all(r["calls"] and r["calls"][0]["response_tokens"] > 0 for r in records)
