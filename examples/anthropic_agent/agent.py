@@ -17,9 +17,8 @@ import sys
 from typing import Any
 
 import anthropic
-import httpx
 
-from examples.calc_agent.agent import CalculatorError, calculate, score
+from examples.calc_agent.agent import CalculatorError, calculate, post_reward, score
 
 # The proxy replaces the model name with the one it serves; any name works here.
 MODEL = "policy"
@@ -59,14 +58,6 @@ def run_tool(name: str, tool_input: Any) -> tuple[str, bool]:
         return f"error: {exc}", True
 
 
-def post_reward(event_url: str, key: str, value: float, message: str = "") -> None:
-    """Posts the reward event; raises when the proxy does not accept it."""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    body = {"event_type": "reward", "data": {"value": value, "message": message, "source": "anthropic_agent"}}
-    response = httpx.post(event_url, json=body, headers=headers, timeout=30.0)
-    response.raise_for_status()
-
-
 class AnthropicMathAgent:
     """Talks with the model over the Messages API, running its calculator calls, until it gives a final answer."""
 
@@ -99,7 +90,7 @@ class AnthropicMathAgent:
             messages.append({"role": "user", "content": results})
         reward = score(reply, expected)
         message_text = f"expected {expected}, got {reply!r} after {tool_calls} tool call(s)"
-        post_reward(os.environ["AGL_EVENT_URL"], key, reward, message=message_text)
+        post_reward(os.environ["AGL_EVENT_URL"], key, reward, message=message_text, source="anthropic_agent")
         print(f"question={question!r} reply={reply!r} tool_calls={tool_calls} reward={reward}", file=sys.stderr)
         return reward
 

@@ -112,10 +112,10 @@ def score(reply: str, expected: str) -> float:
     return 1.0 if abs(got - want) <= 1e-6 * max(1.0, abs(want)) else 0.0
 
 
-def post_reward(event_url: str, key: str, value: float, message: str = "") -> None:
+def post_reward(event_url: str, key: str, value: float, message: str = "", source: str = "calc_agent") -> None:
     """Posts the reward event; raises when the proxy does not accept it."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    body = {"event_type": "reward", "data": {"value": value, "message": message, "source": "calc_agent"}}
+    body = {"event_type": "reward", "data": {"value": value, "message": message, "source": source}}
     response = httpx.post(event_url, json=body, headers=headers, timeout=30.0)
     response.raise_for_status()
 

@@ -19,10 +19,9 @@ import os
 import sys
 from typing import Any
 
-import httpx
 from openai import OpenAI
 
-from examples.calc_agent.agent import run_tool, score
+from examples.calc_agent.agent import post_reward, run_tool, score
 
 # The proxy replaces the model name with the one it serves; any name works here.
 MODEL = "policy"
@@ -42,14 +41,6 @@ CALCULATOR_TOOL = {
         "required": ["expression"],
     },
 }
-
-
-def post_reward(event_url: str, key: str, value: float, message: str = "") -> None:
-    """Posts the reward event; raises when the proxy does not accept it."""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    body = {"event_type": "reward", "data": {"value": value, "message": message, "source": "responses_agent"}}
-    response = httpx.post(event_url, json=body, headers=headers, timeout=30.0)
-    response.raise_for_status()
 
 
 class ResponsesMathAgent:
@@ -91,7 +82,7 @@ class ResponsesMathAgent:
                 tool_calls += 1
         reward = score(reply, expected)
         message_text = f"expected {expected}, got {reply!r} after {tool_calls} tool call(s)"
-        post_reward(os.environ["AGL_EVENT_URL"], key, reward, message=message_text)
+        post_reward(os.environ["AGL_EVENT_URL"], key, reward, message=message_text, source="responses_agent")
         print(f"question={question!r} reply={reply!r} tool_calls={tool_calls} reward={reward}", file=sys.stderr)
         return reward
 
