@@ -77,17 +77,65 @@ def prepare_cpu(config: Any) -> None:
     ranks = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     with open_dict(config):
         ray_init = config.ray_kwargs.ray_init
-        # One logical "GPU" per CPU rank: verl's resource pools and placement groups then work unchanged.
-        ray_init.num_gpus = ranks
-        if ray_init.get("num_cpus") is None:
-            ray_init.num_cpus = max(os.cpu_count() or 1, ranks + 4)
-        ray_init.include_dashboard = False
-        if ray_init.get("object_store_memory") is None:
-            ray_init.object_store_memory = 256 * 1024**2
-        runtime_env = ray_init.setdefault("runtime_env", {})
-        env_vars = runtime_env.setdefault("env_vars", {})
-        for key, value in env.items():
-            env_vars[key] = value
+        if joins_running_cluster(ray_init.get("address")):
+            # A job submitted with `ray job submit`, or a `ray start` cluster on this machine: Ray refuses node
+            # resources from a driver that connects, so the cluster must declare its logical GPUs itself
+            # (`ray start --head --num-gpus=<ranks>`; verl names the shortfall otherwise).
+            for key in ("num_gpus", "num_cpus", "object_store_memory"):
+                ray_init.pop(key, None)
+        else:
+            # One logical "GPU" per CPU rank: verl's resource pools and placement groups then work unchanged.
+            ray_init.num_gpus = ranks
+            if ray_init.get("num_cpus") is None:
+                ray_init.num_cpus = max(os.cpu_count() or 1, ranks + 4)
+            ray_init.include_dashboard = False
+            if ray_init.get("object_store_memory") is None:
+                ray_init.object_store_memory = 256 * 1024**2
+        # The workers' variables go in the runtime env: a cluster started elsewhere (`ray start`, a job's head)
+        # does not inherit this process's environment. Assigned, not setdefault: DictConfig.setdefault hands
+        # back a detached dict, so what was put in it never reached ray.init.
+        if ray_init.get("runtime_env") is None:
+            ray_init.runtime_env = {}
+        ray_init.runtime_env.env_vars = {**(ray_init.runtime_env.get("env_vars") or {}), **env}
+
+
+def joins_running_cluster(address: str | None) -> bool:
+    """Whether ray.init(address) connects to a running cluster rather than starting one: Ray's own resolution
+    (the address, RAY_ADDRESS, then a cluster `ray start` left on this machine)."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        return canonicalize_bootstrap_address(address) is not None
+    except ConnectionError:
+        # "auto" with nothing running.
+        return False
+
+
+# CPUs each training rank's placement bundle asks for (verl's ResourcePoolManager.max_colocate_count), and the
+# task runner's one.
+CPUS_PER_RANK = 3
+TASK_RUNNER_CPUS = 1
+
+
+def join_cluster(config: Any) -> None:
+    """Connects to the running cluster as verl would (its runtime env under the config's), then checks that the
+    cluster can place the ranks: short of GPUs or CPUs, verl's placement group waits forever and the only sign is
+    the autoscaler's log."""
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True)
+    runtime_env = OmegaConf.merge(get_ppo_ray_runtime_env(config), ray_init.pop("runtime_env", None) or {})
+    ray.init(**ray_init, runtime_env=OmegaConf.to_container(runtime_env))
+    ranks = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+    have = ray.cluster_resources()
+    gpus, cpus = have.get("GPU", 0), have.get("CPU", 0)
+    need_cpus = CPUS_PER_RANK * ranks + TASK_RUNNER_CPUS
+    if gpus < ranks or cpus < need_cpus:
+        raise ConfigError(
+            f"the Ray cluster has {gpus:g} GPU and {cpus:g} CPU, and {ranks} training rank(s) need {ranks} GPU and "
+            f"{need_cpus} CPU (trainer.nnodes x trainer.n_gpus_per_node = {ranks}); on CPU, start the head with "
+            f"`ray start --head --num-gpus={ranks} --num-cpus={max(need_cpus, 8)}` (logical resources)"
+        )
 
 
 def check_device(config: Any) -> None:
@@ -131,4 +179,6 @@ def run(config: Any) -> None:
     check_engines(settings)
     if str(config.trainer.get("device", "cuda")) == "cpu":
         prepare_cpu(config)
+    if joins_running_cluster(config.ray_kwargs.ray_init.get("address")):
+        join_cluster(config)
     run_ppo(config, task_runner_class=AglTaskRunner)

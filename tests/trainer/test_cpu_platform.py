@@ -7,6 +7,7 @@ import inspect
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -67,3 +68,50 @@ def test_the_platform_is_never_picked_without_verl_platform() -> None:
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "False"
+
+
+def _cpu_ray_init(monkeypatch: pytest.MonkeyPatch, ray_address: str | None, address: str | None = None) -> dict:
+    from omegaconf import OmegaConf
+
+    from services.trainer.cpu_platform import cpu_env
+
+    with warnings.catch_warnings():
+        # verl's and Ray's import-time deprecation warnings (the suite turns warnings into errors).
+        warnings.simplefilter("ignore")
+        from services.trainer.runner import prepare_cpu
+
+    if ray_address is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", ray_address)
+    # prepare_cpu sets the workers' variables in os.environ too: monkeypatch puts them back afterwards.
+    for key in cpu_env():
+        if key in os.environ:
+            monkeypatch.setenv(key, os.environ[key])
+        else:
+            monkeypatch.delenv(key, raising=False)
+    config = OmegaConf.create(
+        {"trainer": {"nnodes": 1, "n_gpus_per_node": 2}, "ray_kwargs": {"ray_init": {"num_cpus": None}}}
+    )
+    if address is not None:
+        config.ray_kwargs.ray_init.address = address
+    prepare_cpu(config)
+    return OmegaConf.to_container(config.ray_kwargs.ray_init)
+
+
+def test_a_local_cpu_run_declares_one_logical_gpu_per_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    ray_init = _cpu_ray_init(monkeypatch, None)
+    assert ray_init["num_gpus"] == 2 and ray_init["num_cpus"] >= 6
+    assert ray_init["runtime_env"]["env_vars"]
+
+
+@pytest.mark.parametrize(("ray_address", "address"), [("127.0.0.1:6379", None), (None, "10.1.2.3:6379")])
+def test_a_cpu_job_joining_a_cluster_asks_ray_for_no_node_resources(
+    monkeypatch: pytest.MonkeyPatch, ray_address: str | None, address: str | None
+) -> None:
+    # `ray job submit` sets RAY_ADDRESS for the job; Ray refuses num_cpus/num_gpus/object_store_memory from a
+    # driver that connects ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided").
+    ray_init = _cpu_ray_init(monkeypatch, ray_address, address)
+    assert not {"num_gpus", "num_cpus", "object_store_memory"} & set(ray_init), ray_init
+    # The workers still get the CPU platform's variables.
+    assert ray_init["runtime_env"]["env_vars"]
