@@ -81,7 +81,8 @@ clean:
 # Containers with podman (Debian: apt-get install podman runc mmdebstrap catatonit docker-compose
 # golang-github-containernetworking-plugin-dnsname): a local Debian base tagged python:3.11-slim-bookworm, then
 # the images from deploy/docker (deploy/podman_harness.py). `images` builds the light ones, `images-all` adds the
-# CPU engine and the trainer (GBs), `compose-test` builds and runs the compose stack's tests.
+# CPU engine and the trainer's CPU variant (GBs; the GPU trainer only by name: `build agl-trainer`), `compose-test`
+# builds and runs the compose stack's and the trainer image's tests.
 .PHONY: images images-all compose-test
 images: $(VENV)/.installed-dev
 	$(PY) -m deploy.podman_harness build
@@ -90,4 +91,4 @@ images-all: $(VENV)/.installed-dev
 	$(PY) -m deploy.podman_harness build all
 
 compose-test: $(VENV)/.installed-dev
-	$(PY) -m pytest tests/deploy/test_containers.py -m containers
+	$(PY) -m pytest tests/deploy/test_containers.py tests/deploy/test_trainer_image.py -m containers

@@ -48,12 +48,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Image:
-    """One image a Dockerfile of deploy/docker builds; `heavy` ones (GBs of torch) stay out of the default run."""
+    """One image a Dockerfile of deploy/docker builds; `heavy` ones (GBs of torch) stay out of the default run,
+    `gpu` ones (PyPI's CUDA torch and vLLM, several GB of downloads) are built only when named."""
 
     name: str
     dockerfile: str
     target: str | None = None
     heavy: bool = False
+    gpu: bool = False
+    # `--build-arg NAME=VALUE` pairs: a variant of a Dockerfile (the trainer's CPU build).
+    args: tuple[tuple[str, str], ...] = ()
 
     @property
     def tag(self) -> str:
@@ -62,10 +66,19 @@ class Image:
     def build_args(self) -> list[str]:
         """`podman build` arguments: the README's `docker build` plus the Docker image format (keeps HEALTHCHECK)."""
         target = ["--target", self.target] if self.target else []
+        build_args = [arg for name, value in self.args for arg in ("--build-arg", f"{name}={value}")]
         dockerfile = f"deploy/docker/{self.dockerfile}"
-        return ["build", "--format", "docker", "--network", "host", "-f", dockerfile, *target, "-t", self.tag, "."]
+        return [
+            "build", "--format", "docker", "--network", "host", "-f", dockerfile, *target, *build_args,
+            "-t", self.tag, ".",
+        ]  # fmt: skip
 
 
+TRAINER_CPU_ARGS = (
+    ("TORCH_INDEX_URL", "https://download.pytorch.org/whl/cpu"),
+    ("TORCH_SPEC", "torch==2.13.0+cpu"),
+    ("VLLM_SPEC", ""),
+)
 IMAGES = {
     image.name: image
     for image in (
@@ -76,10 +89,14 @@ IMAGES = {
         Image("agl-controller", "controller.Dockerfile", "controller"),
         Image("agl-agents", "agents.Dockerfile"),
         Image("agl-engine", "engine.Dockerfile", heavy=True),
-        Image("agl-trainer", "trainer.Dockerfile", heavy=True),
+        Image("agl-trainer", "trainer.Dockerfile", heavy=True, gpu=True),
+        # The trainer's CPU variant (its Dockerfile's header): CPU torch first, no vLLM.
+        Image("agl-trainer-cpu", "trainer.Dockerfile", heavy=True, args=TRAINER_CPU_ARGS),
     )
 }
 LIGHT = tuple(name for name, image in IMAGES.items() if not image.heavy)
+# `build all`: every image but the GPU ones.
+ALL_CPU = tuple(name for name, image in IMAGES.items() if not image.gpu)
 
 
 class HarnessError(RuntimeError):
@@ -182,7 +199,8 @@ def build(podman: Podman, names: Sequence[str]) -> dict[str, float]:
         started = time.monotonic()
         log.info("building %s", image.tag)
         args = image.build_args()
-        if image.heavy and LOCAL_WHEELS.is_dir():
+        # Not for a GPU image: the local CPU torch would satisfy vLLM's torch pin and make a broken CUDA image.
+        if image.heavy and not image.gpu and LOCAL_WHEELS.is_dir():
             # pip reads /etc/pip.conf in every RUN step; the image keeps neither the file nor the wheels. PyPI as an
             # extra index: what download.pytorch.org would also have served (torch's own requirements).
             conf = podman.cache / "pip-local-wheels.conf"
@@ -337,7 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.podman_harness", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("base", help=f"make the Debian base and tag it {BASE_IMAGE}")
-    p = sub.add_parser("build", help="build images (default: the light ones; `all` adds the engine and trainer)")
+    p = sub.add_parser(
+        "build", help="build images (default: the light ones; `all` adds the CPU engine and CPU trainer)"
+    )
     p.add_argument("names", nargs="*", metavar="NAME", help=f"any of {', '.join(IMAGES)}, or all")
     sub.add_parser("sizes", help="sizes of the built images")
     args = parser.parse_args(argv)
@@ -349,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "base":
         print(ensure_base_image(podman))
     elif args.command == "build":
-        names = list(IMAGES) if "all" in args.names else (args.names or list(LIGHT))
+        names = list(ALL_CPU) if "all" in args.names else (args.names or list(LIGHT))
         unknown = sorted(set(names) - set(IMAGES))
         if unknown:
             parser.error(f"no image {', '.join(unknown)}: choose from {', '.join(IMAGES)} or all")

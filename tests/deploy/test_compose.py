@@ -18,7 +18,7 @@ from tests.deploy.conftest import DEPLOY, REPO_ROOT, config_env_names
 from tests.support.procs import start_ledger
 
 COMPOSE = DEPLOY / "docker-compose.yaml"
-PROFILES = ("standin", "vllm", "engine", "ray", "console")
+PROFILES = ("standin", "vllm", "engine", "ray", "ray-cpu", "console")
 
 
 def _compose() -> dict:
@@ -51,6 +51,7 @@ def test_docker_compose_accepts_the_file_with_every_profile() -> None:
         "engine",
         "register-engine",
         "ray-head",
+        "ray-head-cpu",
         "console",
     }
     assert set(resolved["volumes"]) >= {"ledger-data"}
@@ -108,9 +109,10 @@ def test_every_container_setting_is_one_its_service_reads() -> None:
     for name, spec in local_stack.load_compose({}, PROFILES).items():
         given = {key for key in spec.env if key.startswith("AGL_")}
         module = scripts.get(spec.argv[0])
-        if module is None:  # ray-head: the trainer jobs it runs read these through their Hydra config
-            trainer_yaml = (REPO_ROOT / "services" / "trainer" / "hydra-conf" / "agl_trainer.yaml").read_text()
-            read = set(re.findall(r"oc\.env:(AGL_[A-Z0-9_]+)", trainer_yaml))
+        if module is None:  # ray-head(-cpu): the trainer jobs it runs read these through their Hydra config
+            # The trainer's config and its placements (AGL_WEIGHTS_DIR: placement/cpu.yaml).
+            configs = sorted((REPO_ROOT / "services" / "trainer" / "hydra-conf").rglob("*.yaml"))
+            read = {name for path in configs for name in re.findall(r"oc\.env:(AGL_[A-Z0-9_]+)", path.read_text())}
             assert given and given <= read, f"{name} is given {sorted(given - read)}, which the trainer never reads"
             continue
         read = config_env_names(module)

@@ -5,14 +5,13 @@ a user builds them; `docker-compose` brings the compose file up (profiles `stand
 against podman's Docker API; every service goes healthy and answers on the host's loopback; the unmodified math
 agent runs 16 rollouts inside the controller's container through the proxy's container to the stand-in's, and
 they succeed with rewards and the engine's token ids; the ledger's SQLite outlives `down`/`up` on its named
-volume; `down --volumes` leaves nothing. The heavy images (engine, trainer) are built by hand:
-`python -m deploy.podman_harness build agl-engine agl-trainer`.
+volume; `down --volumes` leaves nothing. The trainer's CPU image has its own tests (test_trainer_image.py); the
+CPU engine image is built by hand (`python -m deploy.podman_harness build agl-engine`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import os
 import time
@@ -59,22 +58,6 @@ class Stack:
 
     def client(self) -> LedgerClient:
         return LedgerClient(self.ledger, key=KEY)
-
-
-@pytest.fixture(scope="module")
-def podman() -> Iterator[Podman]:
-    missing = podman_harness.missing_tools()
-    if missing:
-        pytest.fail(
-            f"the container tests need {', '.join(missing)} (Debian: apt-get install {podman_harness.APT_PACKAGES});"
-            " deselect them with -m 'not containers'"
-        )
-    podman = Podman()
-    # One run at a time per machine: the image tags, the pod names kube play takes from deploy/k8s and the
-    # Secret's name are shared by every checkout on it.
-    with (podman.cache / "tests.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield podman
 
 
 @pytest.fixture(scope="module")

@@ -75,7 +75,7 @@ async def test_unary_grpcurl_calls_succeed_against_a_real_ledger() -> None:
 def test_compose_profiles_and_files_the_text_names_exist() -> None:
     compose = yaml.safe_load((DEPLOY / "docker-compose.yaml").read_text())
     profiles = {p for svc in compose["services"].values() for p in svc.get("profiles", [])}
-    assert set(re.findall(r"--profile (\w+)", TEXT)) == profiles
+    assert set(re.findall(r"--profile ([\w-]+)", TEXT)) == profiles
     for path in set(re.findall(r"`((?:deploy|examples|services)/[\w./-]+)`", TEXT)):
         if "<" not in path:
             assert (REPO_ROOT / path).exists(), path

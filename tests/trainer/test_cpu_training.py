@@ -11,77 +11,35 @@ import collections
 import json
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from deploy import local_stack
-from services._gen.agl.v1 import model_pb2
-from services.client import LedgerClient
 from services.trainer.engine_push import EnginePushError, push_weights
 from tests.support.engine import Engine, chat, reference_logprobs
+from tests.trainer import cpu_stack
+from tests.trainer.cpu_stack import (
+    KEY,
+    MODEL,
+    Stack,
+    TrainerRun,
+    endpoint_version,
+    max_weight_change,
+    trainer_overrides,
+    write_tasks,
+)
 
 pytestmark = pytest.mark.trainer
 
-KEY = "cpu-training-key"
-MODEL = "agl-policy"
-AGENT = "tests.trainer.agents:ParityAgent"
 TRAINER = Path(sys.executable).with_name("agl-trainer")
-
-
-@dataclass
-class Stack:
-    ledger: str
-    root: Path
-
-    def client(self) -> LedgerClient:
-        return LedgerClient(self.ledger, key=KEY)
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, cpu_engine: Engine) -> Iterator[Stack]:
-    root = tmp_path_factory.mktemp("cpu-training")
-    specs = local_stack.load_compose({"AGL_KEY": KEY, "AGL_MODEL_NAME": MODEL}, profiles=[])
-    specs = {name: specs[name] for name in ("ledger", "proxy", "controller")}
-    overrides = {"controller": {"AGL_CONTROLLER_LOG_DIR": str(root / "agent-logs")}}
-    plans = local_stack.localize(specs, root, overrides)
-    with local_stack.run_stack(plans, local_stack.start_order(specs), root / "logs") as running:
-        ledger = running["ledger"].address(50051)
-
-        async def register() -> None:
-            async with LedgerClient(ledger, key=KEY) as client:
-                await client.register_models(
-                    [model_pb2.ModelEndpoint(model_name=MODEL, endpoint=cpu_engine.openai_url)]
-                )
-
-        asyncio.run(register())
-        try:
-            yield Stack(ledger, root)
-        finally:
-            # Other tests share the session's engine: give it back its starting weights.
-            cpu_engine.restore_base_weights()
-
-
-def write_tasks(path: Path, modes: Sequence[str]) -> Path:
-    path.write_text(
-        "".join(json.dumps({"id": f"t{i}", "q": f"task {i}", "mode": m}) + "\n" for i, m in enumerate(modes))
-    )
-    return path
-
-
-@dataclass
-class TrainerRun:
-    returncode: int
-    output: str
-    metrics: list[dict[str, Any]]
-    weights_dir: Path
-    trajectories: Path
-
-    def step(self, n: int) -> dict[str, Any]:
-        return next(r["data"] for r in self.metrics if r["step"] == n)
+    with cpu_stack.start(tmp_path_factory.mktemp("cpu-training"), cpu_engine) as started:
+        yield started
 
 
 def run_trainer(
@@ -89,69 +47,17 @@ def run_trainer(
 ) -> TrainerRun:
     out = stack.root / run_id
     out.mkdir()
-    metrics = out / "metrics.jsonl"
-    argv = [
-        str(TRAINER),
-        "placement=cpu",
-        f"agl.run_id={run_id}",
-        f"agl.ledger_address={stack.ledger}",
-        f"agl.key={KEY}",
-        f"agl.model_name={model}",
-        f"agl.launch.agent_class={AGENT}",
-        "+agl.launch.env_map.AGL_TASK=input",
-        "agl.launch.timeout_seconds=60",
-        f"agl.state_dir={out / 'state'}",
-        f"agl.engines.weights_dir={out / 'weights'}",
-        f"agl.trajectory_log={out / 'trajectories.jsonl'}",
-        "agl.progress=false",
-        f"data.train_files={tasks}",
-        "data.shuffle=false",
-        "data.train_batch_size=2",
-        "data.max_prompt_length=32",
-        "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.rollout.response_length=8",
-        f"actor_rollout_ref.model.path={engine.model_dir}",
-        f"actor_rollout_ref.actor.optim.lr={lr}",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        f"trainer.total_training_steps={steps}",
-        "trainer.save_freq=-1",
-        "trainer.test_freq=-1",
-        "trainer.logger=[console,file]",
-        f"trainer.default_local_dir={out / 'checkpoints'}",
-    ]
-    env = local_stack.child_environment({"VERL_FILE_LOGGER_PATH": str(metrics)})
+    argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}"]
+    argv += trainer_overrides(engine, run_id, tasks, out, steps=steps, lr=lr, model=model)
+    env = local_stack.child_environment({"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")})
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
-    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
-    return TrainerRun(proc.returncode, proc.stdout + proc.stderr, records, out / "weights", out / "trajectories.jsonl")
-
-
-def load_weights(directory: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    files = sorted(directory.glob("*.safetensors"))
-    assert files, f"no weights in {directory}"
-    tensors: dict[str, Any] = {}
-    for file in files:
-        tensors.update(load_file(str(file)))
-    return tensors
-
-
-def max_weight_change(before: Path, after: Path) -> float:
-    old, new = load_weights(before), load_weights(after)
-    shared = set(old) & set(new)
-    assert shared, "the trainer's weight file shares no tensor name with the model"
-    return max(float((new[name] - old[name]).abs().max()) for name in shared)
+    return TrainerRun.read(proc.returncode, proc.stdout + proc.stderr, out)
 
 
 async def remaining_by_step(stack: Stack, run_id: str) -> dict[str, int]:
     async with stack.client() as client:
         rollouts = await client.list_rollouts(labels={"agl_run": run_id})
     return dict(collections.Counter(r.metadata.labels.get("agl_step", "") for r in rollouts))
-
-
-async def endpoint_version(stack: Stack) -> int:
-    async with stack.client() as client:
-        return max(e.version for e in await client.list_models(MODEL))
 
 
 def test_three_steps_train_push_and_clean_up(stack: Stack, cpu_engine: Engine, tmp_path: Path) -> None:
