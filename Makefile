@@ -83,7 +83,7 @@ clean:
 # the images from deploy/docker (deploy/podman_harness.py). `images` builds the light ones, `images-all` adds the
 # CPU engine and the trainer's CPU variant (GBs; the GPU trainer only by name: `build agl-trainer`), `compose-test`
 # builds and runs the compose stack's and the trainer image's tests.
-.PHONY: images images-all compose-test
+.PHONY: images images-all compose-test compose-cpu-training-test
 images: $(VENV)/.installed-dev
 	$(PY) -m deploy.podman_harness build
 
@@ -92,3 +92,8 @@ images-all: $(VENV)/.installed-dev
 
 compose-test: $(VENV)/.installed-dev
 	$(PY) -m pytest tests/deploy/test_containers.py tests/deploy/test_trainer_image.py -m containers
+
+# Compose profiles engine + ray-cpu trained by `ray job submit` (needs the engine image: built here, ~4 GB).
+compose-cpu-training-test: $(VENV)/.installed-dev
+	$(PY) -m deploy.podman_harness build all
+	$(PY) -m pytest tests/deploy/test_compose_cpu_training.py -m engine_image

@@ -61,6 +61,14 @@ def build_tokenizer(corpus: Sequence[str] = (), vocab_size: int = 512):  # type:
     return tokenizer
 
 
+def make_readable(out_dir: Path) -> None:
+    """Read permission for everyone on the model's files: safetensors writes its file 0600, and the engine and
+    trainer images run as uid 10001 with the model directory bind-mounted."""
+    for path in Path(out_dir).iterdir():
+        if path.is_file():
+            path.chmod(path.stat().st_mode | 0o044)
+
+
 def build_tiny_model(
     out_dir: Path | str, *, hidden: int = 128, layers: int = 4, seed: int = 0, corpus: Sequence[str] = ()
 ) -> Path:
@@ -106,6 +114,7 @@ def build_tiny_model(
         "warm_start": None,
     }
     (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
+    make_readable(out)
     return out
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .tiny_model import EOS_TOKEN, RECIPE_FILE
+from .tiny_model import EOS_TOKEN, RECIPE_FILE, make_readable
 
 Messages = list[dict[str, str]]
 
@@ -80,6 +80,7 @@ def warm_start(
         loss_value = float(loss.detach())
     seconds = time.perf_counter() - started
     model.save_pretrained(out, safe_serialization=True)
+    make_readable(out)
     recipe_path = out / RECIPE_FILE
     recipe = json.loads(recipe_path.read_text()) if recipe_path.exists() else {}
     recipe["warm_start"] = {

@@ -66,12 +66,6 @@ def built(podman: Podman) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def docker_host(podman: Podman) -> Iterator[str]:
-    with podman_harness.docker_api(podman) as url, podman_harness.health_timer(podman):
-        yield url
-
-
-@pytest.fixture(scope="module")
 def stack(podman: Podman, built: dict[str, float], docker_host: str) -> Iterator[Stack]:
     ledger_port, proxy_port, console_port = free_port(), free_port(), free_port()
     variables = {

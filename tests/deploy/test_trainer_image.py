@@ -27,7 +27,7 @@ import yaml
 from deploy import podman_harness
 from deploy.podman_harness import Podman
 from tests.deploy.conftest import DEPLOY
-from tests.support.engine import Engine, chat
+from tests.support.engine import Engine
 from tests.support.procs import free_port
 from tests.trainer import cpu_stack
 from tests.trainer.cpu_stack import KEY, MODEL, Stack, TrainerRun, endpoint_version, max_weight_change, write_tasks
@@ -54,8 +54,6 @@ def built(podman: Podman) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, cpu_engine: Engine) -> Iterator[Stack]:
-    # The engine's first request compiles its sampler (~20 s here), longer than the agents wait for an answer.
-    chat(cpu_engine, "warm up")
     with cpu_stack.start(tmp_path_factory.mktemp("trainer-image"), cpu_engine) as started:
         yield started
 
@@ -71,9 +69,8 @@ def ray_head(podman: Podman, built: dict[str, float], stack: Stack, cpu_engine: 
     shared.mkdir()
     # The image runs as uid 10001.
     shared.chmod(0o777)
-    # The image runs as uid 10001: the model's files must be readable by others (safetensors writes 0600).
-    for path in cpu_engine.model_dir.iterdir():
-        path.chmod(path.stat().st_mode | 0o044)
+    # The image runs as uid 10001: services.engine.tiny_model leaves the model's files readable by others.
+    assert all(path.stat().st_mode & 0o004 for path in cpu_engine.model_dir.iterdir())
     gcs, dashboard = free_port(), free_port()
     name = f"agl-ray-head-{os.getpid()}"
     # The compose service's command, on this host's network (the job reaches the local ledger and engine on

@@ -1,4 +1,5 @@
-"""The `podman` fixture of the container tests: the harness's podman, one test module at a time per machine."""
+"""Fixtures of the container tests: `podman` (the harness's podman, one test module at a time per machine) and
+`docker_host` (podman's Docker API for compose clients, with the harness's health-check timer)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,9 @@ def podman() -> Iterator[Podman]:
     with (podman.cache / "tests.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield podman
+
+
+@pytest.fixture(scope="module")
+def docker_host(podman: Podman) -> Iterator[str]:
+    with podman_harness.docker_api(podman) as url, podman_harness.health_timer(podman):
+        yield url

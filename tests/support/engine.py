@@ -154,6 +154,9 @@ def cpu_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     root = tmp_path_factory.mktemp("cpu-engine")
     model_dir = build_model(root / "model")
     with run_engine(model_dir, log_dir=root) as engine:
+        # Its first request compiles the sampler (~20 s on 2 cores): longer than an agent waits for an answer, so
+        # whichever test came first would see its first rollouts time out.
+        chat(engine, "warm up")
         yield engine
 
 
