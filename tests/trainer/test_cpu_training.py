@@ -47,6 +47,9 @@ def run_trainer(
 ) -> TrainerRun:
     out = stack.root / run_id
     out.mkdir()
+    # Each run starts from the weights its trainer loads: an earlier run's pushes would otherwise still be served
+    # (after the 3-step run learned parity, the zero-lr run's groups often all scored 1 and had nothing to learn).
+    engine.restore_base_weights()
     argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}"]
     argv += trainer_overrides(engine, run_id, tasks, out, steps=steps, lr=lr, model=model)
     env = local_stack.child_environment({"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")})
@@ -101,7 +104,11 @@ def test_zero_learning_rate_leaves_the_weights(stack: Stack, cpu_engine: Engine,
     tasks = write_tasks(tmp_path / "tasks.jsonl", ["parity"] * 4)
     run = run_trainer(stack, cpu_engine, "cpulr0", tasks, steps=2, lr=0.0)
     assert run.returncode == 0, run.output[-5000:]
-    assert all("actor/pg_loss" in run.step(n) for n in (1, 2))
+    # A step whose two groups each scored alike is skipped (~3% of steps at the base model's ~0.4 reward); the
+    # others update with a zero learning rate.
+    steps = [run.step(n) for n in (1, 2)]
+    assert all("actor/pg_loss" in step or step["agl/update/skipped_no_signal"] == 1.0 for step in steps), steps
+    assert any("actor/pg_loss" in step for step in steps), steps
     assert max_weight_change(cpu_engine.model_dir, run.weights_dir) == 0.0
 
 
