@@ -338,6 +338,19 @@ class ComposeProject:
             result[service] = self.podman.inspect(item["Id"])["State"]
         return result
 
+    def wait_healthy(self, services: Sequence[str], timeout_s: float) -> dict[str, dict]:
+        """This project's container states once every one of `services` is healthy (compose returns once what
+        others depend on is; a service nothing waits for may lag); HarnessError with the logs at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = self.containers()
+            health = {name: (states.get(name) or {}).get("Health", {}).get("Status") for name in services}
+            if all(status == "healthy" for status in health.values()):
+                return states
+            if time.monotonic() > deadline:
+                raise HarnessError(f"not healthy within {timeout_s:.0f}s: {health}\n{self.logs()}")
+            time.sleep(1)
+
     def volumes(self) -> list[str]:
         names = self.podman.run("volume", "ls", "--format", "{{.Name}}").stdout.split()
         return [name for name in names if name.startswith(f"{self.name}_")]

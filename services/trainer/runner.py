@@ -68,8 +68,9 @@ def gpu_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def prepare_cpu(config: Any) -> None:
-    """Ray init arguments and the worker environment for a CPU run (in place)."""
+def prepare_cpu(config: Any, joining: bool) -> None:
+    """Ray init arguments and the worker environment for a CPU run (in place); `joining`: ray.init connects to a
+    running cluster (joins_running_cluster)."""
     from .cpu_platform import cpu_env
 
     env = cpu_env()
@@ -77,10 +78,10 @@ def prepare_cpu(config: Any) -> None:
     ranks = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     with open_dict(config):
         ray_init = config.ray_kwargs.ray_init
-        if joins_running_cluster(ray_init.get("address")):
+        if joining:
             # A job submitted with `ray job submit`, or a `ray start` cluster on this machine: Ray refuses node
-            # resources from a driver that connects, so the cluster must declare its logical GPUs itself
-            # (`ray start --head --num-gpus=<ranks>`; verl names the shortfall otherwise).
+            # resources from a driver that connects, so the cluster declares its logical GPUs and CPUs itself
+            # (join_cluster checks them).
             for key in ("num_gpus", "num_cpus", "object_store_memory"):
                 ray_init.pop(key, None)
         else:
@@ -177,8 +178,10 @@ def run(config: Any) -> None:
     check_device(config)
     check_config(config)
     check_engines(settings)
+    # Resolved once: it may scan this machine's processes for a running cluster.
+    joining = joins_running_cluster(config.ray_kwargs.ray_init.get("address"))
     if str(config.trainer.get("device", "cuda")) == "cpu":
-        prepare_cpu(config)
-    if joins_running_cluster(config.ray_kwargs.ray_init.get("address")):
+        prepare_cpu(config, joining)
+    if joining:
         join_cluster(config)
     run_ppo(config, task_runner_class=AglTaskRunner)

@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ import pytest
 from deploy import podman_harness
 from deploy.podman_harness import ComposeProject, Podman
 from services.client import LedgerClient
+from tests.support.containers import RAY, ray_job_status
 from tests.support.procs import free_port
 from tools import demo_train
 
@@ -35,7 +35,6 @@ pytestmark = [pytest.mark.containers, pytest.mark.engine_image, pytest.mark.time
 
 KEY = "compose-cpu-training-key"
 MODEL = "agl-policy"
-RAY = Path(sys.executable).with_name("ray")
 IMAGES = ("agl-ledger", "agl-proxy", "agl-controller-local", "agl-trainer-cpu", "agl-engine")
 HEALTHY = ("ledger", "proxy", "engine", "ray-head-cpu")
 STEPS = 3
@@ -85,23 +84,15 @@ def stack(
 
 
 def _wait(project: ComposeProject, timeout_s: float) -> None:
-    """Every service with a health check healthy, and the one-shot registration done."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        states = project.containers()
-        health = {name: (states.get(name) or {}).get("Health", {}).get("Status") for name in HEALTHY}
-        registered = (states.get("register-engine") or {}).get("Status") == "exited"
-        if all(status == "healthy" for status in health.values()) and registered:
-            assert states["register-engine"]["ExitCode"] == 0, project.logs()
-            return
+    """Every service with a health check healthy, then the one-shot registration done."""
+    states = project.wait_healthy(HEALTHY, timeout_s)
+    deadline = time.monotonic() + 60
+    while (states.get("register-engine") or {}).get("Status") != "exited":
         if time.monotonic() > deadline:
-            pytest.fail(f"not up within {timeout_s}s: {health}, registered={registered}\n{project.logs()}")
-        time.sleep(2)
-
-
-def _job_status(stack: Stack, submission: str) -> str:
-    with urllib.request.urlopen(f"{stack.dashboard}/api/jobs/{submission}", timeout=30) as response:
-        return json.loads(response.read())["status"]
+            pytest.fail(f"register-engine did not finish: {states.get('register-engine')}\n{project.logs()}")
+        time.sleep(1)
+        states = project.containers()
+    assert states["register-engine"]["ExitCode"] == 0, project.logs()
 
 
 async def _endpoints(stack: Stack) -> list:
@@ -135,7 +126,7 @@ def test_ray_job_on_the_compose_stack_trains_the_math_agent_and_the_engine_takes
     ]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, check=False)
     output = proc.stdout + proc.stderr
-    status = _job_status(stack, submission)
+    status = ray_job_status(stack.dashboard, submission)
     assert status == "SUCCEEDED", f"job {status}:\n{output[-6000:]}\n{stack.project.logs()}"
 
     records = [json.loads(line) for line in (stack.weights_volume / "metrics.jsonl").read_text().splitlines()]

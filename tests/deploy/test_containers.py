@@ -93,16 +93,10 @@ def stack(podman: Podman, built: dict[str, float], docker_host: str) -> Iterator
 
 
 def _wait_healthy(stack: Stack, timeout_s: float = 90) -> dict[str, dict]:
-    """compose returns once what others depend on is healthy; the console (nothing waits for it) may lag."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        states = stack.project.containers()
-        health = {name: (states.get(name) or {}).get("Health", {}).get("Status") for name in HEALTHY_SERVICES}
-        if all(status == "healthy" for status in health.values()):
-            return states
-        if time.monotonic() > deadline:
-            pytest.fail(f"not healthy within {timeout_s}s: {health}\n{stack.project.logs()}")
-        time.sleep(1)
+    try:
+        return stack.project.wait_healthy(HEALTHY_SERVICES, timeout_s)
+    except podman_harness.HarnessError as err:
+        pytest.fail(str(err))
 
 
 def _get(url: str) -> tuple[int, str]:

@@ -14,9 +14,7 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +25,7 @@ import yaml
 from deploy import podman_harness
 from deploy.podman_harness import Podman
 from tests.deploy.conftest import DEPLOY
+from tests.support.containers import RAY, ray_job_status
 from tests.support.engine import Engine
 from tests.support.procs import free_port
 from tests.trainer import cpu_stack
@@ -36,7 +35,6 @@ from tests.trainer.cpu_stack import KEY, MODEL, Stack, TrainerRun, endpoint_vers
 pytestmark = [pytest.mark.containers, pytest.mark.trainer, pytest.mark.timeout(2400)]
 
 IMAGE = podman_harness.IMAGES["agl-trainer-cpu"]
-RAY = Path(sys.executable).with_name("ray")
 
 
 @dataclass
@@ -177,7 +175,7 @@ def test_ray_job_submitted_to_the_image_trains_and_pushes_to_the_engine(
     ]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200, check=False)
     output = proc.stdout + proc.stderr
-    status = _job_status(ray_head, submission)
+    status = ray_job_status(ray_head.dashboard, submission)
     assert status == "SUCCEEDED", f"job {status}, `ray job submit` exited {proc.returncode}:\n{output[-6000:]}"
     assert proc.returncode == 0, output[-3000:]
 
@@ -191,11 +189,6 @@ def test_ray_job_submitted_to_the_image_trains_and_pushes_to_the_engine(
         assert step["agl/push/logprob_diff_max"] < 1e-4, step
     assert max_weight_change(cpu_engine.model_dir, run.weights_dir) > 0.0
     assert asyncio.run(endpoint_version(stack)) == 2
-
-
-def _job_status(head: RayHead, submission: str) -> str:
-    with urllib.request.urlopen(f"{head.dashboard}/api/jobs/{submission}", timeout=30) as response:
-        return json.loads(response.read())["status"]
 
 
 def test_a_job_asking_more_ranks_than_the_head_declares_stops_with_one_line(
@@ -212,7 +205,7 @@ def test_a_job_asking_more_ranks_than_the_head_declares_stops_with_one_line(
         "agl-trainer", *overrides, "trainer.n_gpus_per_node=2",
     ]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
-    assert _job_status(ray_head, submission) == "FAILED"
+    assert ray_job_status(ray_head.dashboard, submission) == "FAILED"
     output = proc.stdout + proc.stderr
     assert "the Ray cluster has 1 GPU and 8 CPU, and 2 training rank(s) need 2 GPU and 7 CPU" in output, output[-3000:]
     assert "ray start --head --num-gpus=2 --num-cpus=8" in output

@@ -1,15 +1,29 @@
 """Fixtures of the container tests: `podman` (the harness's podman, one test module at a time per machine) and
-`docker_host` (podman's Docker API for compose clients, with the harness's health-check timer)."""
+`docker_host` (podman's Docker API for compose clients, with the harness's health-check timer); the Ray job
+helpers of the trainer's container tests."""
 
 from __future__ import annotations
 
 import fcntl
+import json
+import sys
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from deploy import podman_harness
 from deploy.podman_harness import Podman
+
+# `ray job submit` runs this venv's Ray CLI: the release the trainer image installs (its tests check that).
+RAY = Path(sys.executable).with_name("ray")
+
+
+def ray_job_status(dashboard: str, submission: str) -> str:
+    """A submitted job's status (SUCCEEDED, FAILED, ...) from the Ray head's job REST API."""
+    with urllib.request.urlopen(f"{dashboard}/api/jobs/{submission}", timeout=30) as response:
+        return json.loads(response.read())["status"]
 
 
 @pytest.fixture(scope="module")

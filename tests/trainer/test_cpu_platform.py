@@ -78,7 +78,7 @@ def _cpu_ray_init(monkeypatch: pytest.MonkeyPatch, ray_address: str | None, addr
     with warnings.catch_warnings():
         # verl's and Ray's import-time deprecation warnings (the suite turns warnings into errors).
         warnings.simplefilter("ignore")
-        from services.trainer.runner import prepare_cpu
+        from services.trainer.runner import joins_running_cluster, prepare_cpu
 
     if ray_address is None:
         monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -95,7 +95,7 @@ def _cpu_ray_init(monkeypatch: pytest.MonkeyPatch, ray_address: str | None, addr
     )
     if address is not None:
         config.ray_kwargs.ray_init.address = address
-    prepare_cpu(config)
+    prepare_cpu(config, joins_running_cluster(config.ray_kwargs.ray_init.get("address")))
     return OmegaConf.to_container(config.ray_kwargs.ray_init)
 
 
