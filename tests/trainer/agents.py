@@ -1,7 +1,9 @@
 """Agents for the CPU training tests, written like any Agent Lightning v1.0 agent (they read AGL_* only).
 
-ParityAgent asks the model once and rewards the parity of its first answer character: a random model gets
-both rewards, so every GRPO group has an advantage to learn from. With `"mode": "zero"` in the task it
+ParityAgent asks the model once and rewards the parity of its first answer character, plus a tie-break under
+0.01 taken from its rollout id. Parity alone leaves a group of 4 scored alike about 15% of the time at the
+base model's ~0.4 (and more once training sharpens it), and a step of such groups is skipped, so the tests'
+"every step updates" would be luck; distinct rollouts always score apart. With `"mode": "zero"` in the task it
 always posts 0: a group with no learning signal.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 
 import httpx
 
@@ -22,6 +25,12 @@ class ParityAgent:
         reply = httpx.post(f"{os.environ['AGL_OPENAI_BASE_URL']}/chat/completions", json=body, headers=headers)
         reply.raise_for_status()
         text = reply.json()["choices"][0]["message"]["content"] or " "
-        value = 0.0 if task.get("mode") == "zero" else float(ord(text[0]) % 2)
+        value = 0.0 if task.get("mode") == "zero" else ord(text[0]) % 2 + tie_break(os.environ["AGL_OPENAI_BASE_URL"])
         event = {"event_type": "reward", "data": {"value": value}}
         httpx.post(os.environ["AGL_EVENT_URL"], json=event, headers=headers).raise_for_status()
+
+
+def tie_break(base_url: str) -> float:
+    """A value in [0, 0.01) from the rollout id in the base URL (`.../proxy/rollout/<id>/attempt/...`)."""
+    rollout_id = base_url.split("/rollout/", 1)[1].split("/", 1)[0]
+    return zlib.crc32(rollout_id.encode()) % 1000 / 100_000
