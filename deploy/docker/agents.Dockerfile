@@ -1,5 +1,7 @@
 # The example agents, as run by Kubernetes Jobs (see examples/calc_agent/job.yaml.j2).
-# They need only the OpenAI and Anthropic SDKs and httpx; nothing of AGL runs in this image.
+# They need only the OpenAI and Anthropic SDKs and httpx. Of AGL, the image holds only agent_runner.py (the
+# standard library only): it runs an agent class, and `--result-file /dev/termination-log` leaves the number
+# its run() returns as the container's termination message, which the controller posts as the reward.
 # Build from the repository root:  docker build -f deploy/docker/agents.Dockerfile -t agl-agents .
 FROM python:3.11-slim-bookworm
 
@@ -15,6 +17,7 @@ RUN groupadd --system --gid 10001 agl \
 RUN pip install "openai>=1.60,<4" "httpx>=0.28,<1" "anthropic>=2.10,<3"
 
 COPY examples /app/examples
+COPY services/controller/agent_runner.py /app/agent_runner.py
 USER 10001:10001
 WORKDIR /app
 CMD ["python", "/app/examples/calc_agent/agent.py"]

@@ -7,8 +7,12 @@ loaded; sys.exit(n) in the agent exits with n. The agent reads the §3 variables
 Right before run() is called, one datagram "ID <monotonic time>" goes to --notify-fd (the controller's
 launch-latency clock). When run() returns a number (an int or a float, not a bool; finite), `{"value": x}` is
 written to --result-file: the controller posts it as the reward unless the agent posted one (the older Agent
-Lightning habit of returning the reward). The warm launcher's children run the same code through
-run_agent_in_child().
+Lightning habit of returning the reward). In a Kubernetes Job, `--result-file /dev/termination-log` leaves it as
+the container's termination message, which the controller reads from the pod's status. The warm launcher's
+children run the same code through run_agent_in_child().
+
+This module imports nothing but the standard library, so an agent image can carry it as one file
+(deploy/docker/agents.Dockerfile copies it to /app/agent_runner.py).
 """
 
 from __future__ import annotations
@@ -55,11 +59,20 @@ def returned_reward(result: object) -> float | None:
 
 
 def write_returned(path: str, value: float) -> None:
-    """The returned reward for the controller, written whole (a reader never sees half a file)."""
-    partial = f"{path}.partial"
+    """The returned reward for the controller, written whole (a reader never sees half a file).
+
+    A path that exists already is written in place: Kubernetes' termination message file
+    (`/dev/termination-log`) is a bind mount that cannot be replaced, and the kubelet reads it only after the
+    container has exited."""
+    text = json.dumps({"value": value})
     try:
+        if os.path.exists(path):
+            with open(path, "w") as handle:
+                handle.write(text)
+            return
+        partial = f"{path}.partial"
         with open(partial, "w") as handle:
-            handle.write(json.dumps({"value": value}))
+            handle.write(text)
         os.replace(partial, path)
     except OSError as err:
         sys.stderr.write(f"agent_runner: cannot write the returned reward to {path}: {err}\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .outcome import EVICTED, JOB_FAILED, VANISHED, Outcome, timed_out
+from .outcome import EVICTED, JOB_FAILED, VANISHED, Outcome, parse_returned, timed_out
 
 _MAX_DETAIL = 1500
 
@@ -69,6 +69,21 @@ def describe_pods(pods: Sequence[Mapping[str, Any]]) -> str:
         if not parts and status.get("reason"):
             parts.append(f"pod {(pod.get('metadata') or {}).get('name', '?')}: {status['reason']}")
     return "; ".join(parts)
+
+
+def returned_in_pods(pods: Sequence[Mapping[str, Any]]) -> float | None:
+    """The reward a succeeded pod's container left as its termination message (`{"value": x}`, written by
+    agent_runner's `--result-file /dev/termination-log`), or None. Pods that did not succeed are passed over:
+    with backoffLimit 0 there is one pod, but a pod the Job replaced (evicted, say) must not lend its value."""
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") != "Succeeded":
+            continue
+        for container in status.get("containerStatuses") or []:
+            message = ((container.get("state") or {}).get("terminated") or {}).get("message")
+            if message and (value := parse_returned(message)) is not None:
+                return value
+    return None
 
 
 def with_detail(outcome: Outcome, detail: str, log_tail: str = "") -> Outcome:

@@ -20,7 +20,7 @@ from typing import Any
 from services._gen.agl.v1 import rollout_pb2
 
 from .agent_env import agent_env
-from .job_status import as_lost, describe_pods, job_outcome, lost_pod, vanished, with_detail
+from .job_status import as_lost, describe_pods, job_outcome, lost_pod, returned_in_pods, vanished, with_detail
 from .job_template import (
     ATTEMPT_ANNOTATION,
     CONTROLLER_ANNOTATION,
@@ -245,10 +245,30 @@ class K8sRunner:
             return
         tracked.settling = True
         if outcome.kind == JOB_FAILED:
-            task = asyncio.get_running_loop().create_task(self._settle_with_detail(tracked, outcome))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            finishing = self._settle_with_detail(tracked, outcome)
+        elif outcome.succeeded:
+            finishing = self._settle_with_returned(tracked, outcome)
         else:
+            tracked.future.set_result(outcome)
+            return
+        task = asyncio.get_running_loop().create_task(finishing)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _settle_with_returned(self, tracked: _Tracked, outcome: Outcome) -> None:
+        """Adds the reward the agent left as its termination message (run() returned it), when there is one.
+
+        One pod list per succeeded Job; when it fails the attempt still succeeds, without a returned reward."""
+        try:
+            pods = await asyncio.to_thread(self._jobs.pods, tracked.name)
+            if (value := returned_in_pods(pods)) is not None:
+                outcome = Outcome(True, outcome.reason, outcome.kind, returned_reward=value)
+        except (KubeError, KeyError, TypeError) as err:
+            log.warning(
+                "rollout %s: could not read the pods of Job %s for a returned reward: %s",
+                tracked.rollout_id, tracked.name, err,
+            )  # fmt: skip
+        if not tracked.future.done():
             tracked.future.set_result(outcome)
 
     async def _settle_with_detail(self, tracked: _Tracked, outcome: Outcome) -> None:

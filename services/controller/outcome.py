@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from dataclasses import dataclass
 
 from services._gen.agl.v1 import rollout_pb2
+
+from .agent_runner import returned_reward
 
 
 class ControllerError(Exception):
@@ -71,6 +74,18 @@ class Outcome:
     @classmethod
     def failure(cls, kind: str, reason: str) -> Outcome:
         return cls(False, reason, kind)
+
+
+def parse_returned(text: str) -> float | None:
+    """The reward in a finished agent's `{"value": x}` (x an int or a float, not a bool; finite), else None.
+
+    agent_runner writes it to --result-file: a file the local runner reads, or a Kubernetes container's
+    termination message, which the API server reports in the pod's status."""
+    try:
+        value = json.loads(text)["value"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return returned_reward(value)
 
 
 def format_seconds(seconds: float) -> str:

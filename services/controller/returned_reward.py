@@ -3,18 +3,20 @@
 When an agent class's run() returned a number and the attempt has no reward event, the controller appends one
 (value x, source "returned", the attempt's id) before it reports the attempt succeeded, so the trainer's
 terminal feed sees it with the rollout. A reward the agent posted wins: the returned value is then ignored.
+The local runner reads the value from agent_runner's result file; the Kubernetes runner from the pod's
+termination message (job_status.returned_in_pods).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import math
 from pathlib import Path
 
 from services._gen.agl.v1 import event_pb2
 from services.client import LedgerClient, LedgerError
+
+from .outcome import parse_returned
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +33,7 @@ def take_returned(path: Path | None) -> float | None:
         return None
     with contextlib.suppress(OSError):
         path.unlink()
-    try:
-        value = json.loads(text)["value"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
+    return parse_returned(text)
 
 
 async def post_returned_reward(ledger: LedgerClient, rollout_id: str, attempt_id: str, value: float) -> bool:

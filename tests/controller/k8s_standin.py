@@ -3,9 +3,10 @@
 It speaks the real REST protocol, so the official client talks to it through a generated kubeconfig:
 bearer-token auth, create (201, 409 AlreadyExists, 400/422 with Status bodies), get, list with label
 selectors, delete, and watch (chunked JSON lines, resourceVersion resume, ERROR 410 Expired once history
-is compacted, timeoutSeconds). Pods and pod logs exist for finished Jobs so that failure details can be
-read. Tests drive the cluster side with complete_job / fail_job / delete_job / expire_watches; Jobs whose
-activeDeadlineSeconds passes fail with DeadlineExceeded as in a real cluster.
+is compacted, timeoutSeconds). Pods and pod logs exist for finished Jobs so that failure details (and a
+container's termination message) can be read. Tests drive the cluster side with complete_job / fail_job /
+delete_job / expire_watches; Jobs whose activeDeadlineSeconds passes fail with DeadlineExceeded as in a real
+cluster.
 """
 
 from __future__ import annotations
@@ -175,6 +176,7 @@ class K8sStandin:
         exit_code: int,
         log: str,
         pod_reason: str = "",
+        termination_message: str = "",
     ) -> None:
         job = self._jobs[(namespace, name)]
         status = job["status"]
@@ -194,11 +196,18 @@ class K8sStandin:
         if ok:
             status["completionTime"] = now
         if reason != "DeadlineExceeded":
-            self._add_pod(namespace, job, ok, exit_code, log, pod_reason)
+            self._add_pod(namespace, job, ok, exit_code, log, pod_reason, termination_message)
         self._record(namespace, "MODIFIED", job)
 
     def _add_pod(
-        self, namespace: str, job: dict[str, Any], ok: bool, exit_code: int, log: str, pod_reason: str = ""
+        self,
+        namespace: str,
+        job: dict[str, Any],
+        ok: bool,
+        exit_code: int,
+        log: str,
+        pod_reason: str = "",
+        termination_message: str = "",
     ) -> None:
         job_name = job["metadata"]["name"]
         pod_name = f"{job_name}-{uuid.uuid4().hex[:5]}"
@@ -214,9 +223,15 @@ class K8sStandin:
             },
             "status": {
                 "phase": "Succeeded" if ok else "Failed",
-                "containerStatuses": [{"name": c["name"], "state": {"terminated": terminated}} for c in containers],
+                "containerStatuses": [
+                    {"name": c["name"], "state": {"terminated": dict(terminated)}} for c in containers
+                ],
             },
         }
+        if termination_message:  # what the first container wrote to its terminationMessagePath, as the kubelet says
+            self._pods[(namespace, pod_name)]["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = (
+                termination_message
+            )
         if pod_reason:  # taken away by the kubelet or the scheduler, as an evicted pod reports it
             status = self._pods[(namespace, pod_name)]["status"]
             message = f"The pod was {pod_reason.lower()}: the node was low on memory."
@@ -250,9 +265,9 @@ class K8sStandin:
             job = self._jobs.get((namespace, name))
             return self._public(job) if job else None
 
-    def complete_job(self, namespace: str, name: str, log: str = "") -> None:
+    def complete_job(self, namespace: str, name: str, log: str = "", termination_message: str = "") -> None:
         with self._cond:
-            self._finish(namespace, name, True, "", "", 0, log)
+            self._finish(namespace, name, True, "", "", 0, log, termination_message=termination_message)
 
     def fail_job(
         self,

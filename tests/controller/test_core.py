@@ -213,6 +213,34 @@ def test_agent_runner_runs_sync_and_async_agents() -> None:
     assert "cannot load agent class" in missing.stderr
 
 
+def test_agent_runner_alone_writes_a_returned_reward_in_place(tmp_path: Path) -> None:
+    """The file by itself (as the agents image carries it), in an interpreter without site-packages: only the
+    standard library is importable. An existing result path (Kubernetes' bind-mounted termination message) is
+    written in place, not replaced."""
+    import shutil
+    import subprocess
+
+    from services.controller import agent_runner
+    from services.controller.job_status import returned_in_pods
+
+    runner = Path(shutil.copy(agent_runner.__file__, tmp_path / "agent_runner.py"))
+    (tmp_path / "returning_agent.py").write_text("class Agent:\n    def run(self):\n        return 3\n")
+    message = tmp_path / "termination-log"
+    message.write_text("")
+    inode = message.stat().st_ino
+    argv = [sys.executable, "-E", "-S", str(runner), "--result-file", str(message), "returning_agent:Agent"]
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert message.stat().st_ino == inode
+    pod = {"status": {"phase": "Succeeded", "containerStatuses": [
+        {"name": "agent", "state": {"terminated": {"exitCode": 0, "message": message.read_text()}}}
+    ]}}  # fmt: skip
+    assert returned_in_pods([pod]) == 3.0
+    failed = {"status": dict(pod["status"], phase="Failed")}
+    assert returned_in_pods([failed]) is None
+    assert not list(tmp_path.glob("*.partial"))
+
+
 def test_log_file_helpers(tmp_path: Path) -> None:
     log = tmp_path / "x.log"
     log.write_text("=== agl rollout r attempt a: true\n")

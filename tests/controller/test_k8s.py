@@ -7,10 +7,11 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
-from services._gen.agl.v1 import rollout_pb2
+from services._gen.agl.v1 import event_pb2, rollout_pb2
 from services.client import LedgerClient, agent_token
 from services.controller.job_template import job_name
 from services.controller.k8s_api import KubeError, KubeJobs, load_api_client
@@ -129,6 +130,54 @@ async def test_job_failure_and_deadline_map_to_reasons(
     assert "ValueError: boom" in reason[failing.rollout_id]
     assert reason[slow.rollout_id].startswith("timed out after 1 s")
     assert reason[vanishing.rollout_id] == f"Job {NS}/{job_name(vanishing.rollout_id)} vanished before it finished"
+
+
+async def test_a_reward_left_as_the_termination_message_is_posted_unless_the_agent_posted_one(
+    stack: Stack, ledger: LedgerClient, tmp_path: Path, k8s: K8sStandin
+) -> None:
+    """`agent_runner --result-file /dev/termination-log` leaves run()'s number as the container's termination
+    message; the controller reads it from the succeeded pod's status and posts it before the rollout succeeds."""
+    with k8s_controller(stack, tmp_path, k8s):
+        returns, posts, text, failing = await ledger.create_rollouts([job_spec() for _ in range(4)])
+        jobs = {r.rollout_id: await asyncio.to_thread(wait_job, k8s, r.rollout_id) for r in (posts, failing)}
+        await wait_for(ledger, [posts.rollout_id], states=[RUNNING])
+        # The agent posts its reward through the proxy with the variables the Job was given, then returns another.
+        env = {
+            e["name"]: e["value"] for e in jobs[posts.rollout_id]["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        async with httpx.AsyncClient() as client:
+            reply = await client.post(
+                env["AGL_EVENT_URL"],
+                json={"event_type": "reward", "data": {"value": 1.0}},
+                headers={"Authorization": f"Bearer {env['AGL_KEY']}"},
+            )
+        assert reply.status_code == 200, reply.text
+        for created, message in ((returns, '{"value": 0.75}'), (posts, '{"value": 0.25}'), (text, "all done")):
+            await asyncio.to_thread(wait_job, k8s, created.rollout_id)
+            k8s.complete_job(NS, job_name(created.rollout_id), termination_message=message)
+        k8s.fail_job(NS, job_name(failing.rollout_id))
+        done = await wait_for(ledger, [r.rollout_id for r in (returns, posts, text, failing)])
+
+    def rewards(rollout_id: str) -> list[tuple[float, str]]:
+        return [(e.reward.value, e.reward.source) for e in events[rollout_id] if e.event_type == "reward"]
+
+    ids = [r.rollout_id for r in (returns, posts, text)]
+    assert [done[rid].status.state for rid in ids] == [SUCCEEDED] * 3
+    assert done[failing.rollout_id].status.state == FAILED
+    events = {rid: await ledger.list_events(rid, event_type="reward") for rid in done}
+    assert rewards(returns.rollout_id) == [(0.75, "returned")]
+    assert events[returns.rollout_id][0].attempt_id == done[returns.rollout_id].status.attempt_id
+    assert rewards(posts.rollout_id) == [(1.0, "")]  # the agent's own (it gave no source); 0.25 ignored
+    assert rewards(text.rollout_id) == []
+    assert rewards(failing.rollout_id) == []
+    # The trainer's terminal feed carries the returned reward with the rollout.
+    terminal = await ledger.list_terminal(include_events=True)
+    fed = {
+        e.rollout.rollout_id: [ev.reward.value for ev in e.events if ev.event_type == "reward"]
+        for e in terminal.entries
+    }
+    assert fed[returns.rollout_id] == [0.75]
+    assert event_pb2.Reward(value=0.75, source="returned") == events[returns.rollout_id][0].reward
 
 
 async def test_unusable_templates_fail_the_rollout_at_once(

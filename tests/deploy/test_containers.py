@@ -165,6 +165,24 @@ def test_image_is_built_from_its_dockerfile_runs_as_non_root_and_keeps_its_healt
     assert podman.image_size(image.tag) > 0
 
 
+def test_the_agents_image_leaves_a_returned_reward_as_the_termination_message(
+    podman: Podman, built: dict[str, float], tmp_path: Path
+) -> None:
+    # The kubelet creates the termination message file and bind-mounts it; an empty file mounted there is the same.
+    message = tmp_path / "termination-log"
+    message.write_text("")
+    message.chmod(0o666)
+    agents = Path(__file__).resolve().parents[1] / "controller" / "agents"
+    for agent, expected in (("ReturnsReward", '{"value": 0.75}'), ("ReturnsText", "")):
+        message.write_text("")
+        podman.run(
+            "run", "--rm", "--read-only", "-v", f"{agents}:/app/testagents:ro",
+            "-v", f"{message}:/dev/termination-log", podman_harness.IMAGES["agl-agents"].tag,
+            "python", "/app/agent_runner.py", "--result-file", "/dev/termination-log", f"testagents.returning:{agent}",
+        )  # fmt: skip
+        assert message.read_text() == expected, agent  # a text run() returned is no reward: nothing written
+
+
 def test_images_are_built_on_the_base_the_dockerfiles_name(podman: Podman, built: dict[str, float]) -> None:
     base_layers = podman.inspect(podman_harness.BASE_IMAGE)["RootFS"]["Layers"]
     for name in BUILT:
