@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .ledger_client import LedgerClient, LedgerError
 from .ledger_link import REFUSED_CODES, LedgerLink, refused_message
-from .retry import RetryPolicy
+from .retry import RetryPolicy, backoff_s
 from .tokens import agent_token, verify_agent_token
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "LedgerLink",
     "RetryPolicy",
     "agent_token",
+    "backoff_s",
     "refused_message",
     "verify_agent_token",
 ]

@@ -27,3 +27,9 @@ class RetryPolicy:
         """Sleep before re-opening a stream after `failures` consecutive failures."""
         ceiling = min(self.initial_backoff_s * self.multiplier ** max(failures - 1, 0), self.max_backoff_s)
         return random.uniform(ceiling / 2, ceiling)
+
+
+def backoff_s(failures: int, initial_s: float = 1.0, ceiling_s: float = 30.0) -> float:
+    """Seconds a background loop (a watch, a heartbeat) waits after `failures` consecutive failures: doubling
+    from `initial_s`, capped at `ceiling_s`, no jitter (one such loop per process)."""
+    return min(initial_s * 2 ** max(failures - 1, 0), ceiling_s)

@@ -25,12 +25,12 @@ import grpc
 
 from services._gen.agl.v1 import ledger_service_pb2 as pb
 from services._gen.agl.v1 import rollout_pb2
-from services.client import LedgerClient, LedgerError
+from services.client import LedgerClient, LedgerError, backoff_s
 
 from .lease_keeper import Lease, LeaseKeeper, stopped_heartbeating
 from .metrics import ControllerMetrics
 from .outcome import INTERNAL, INVALID_CONFIG, SHUTDOWN, ConfigError, Outcome
-from .readiness import REFUSED_CODES, Readiness, backoff_s
+from .readiness import REFUSED_CODES, Readiness
 from .returned_reward import post_returned_reward
 from .runner import LaunchPlan, Runner
 

@@ -22,11 +22,6 @@ from services.client.ledger_link import OK
 log = logging.getLogger(__name__)
 
 
-def backoff_s(failures: int, initial_s: float = 1.0, ceiling_s: float = 30.0) -> float:
-    """Seconds to wait after `failures` consecutive refusals (doubling, capped)."""
-    return min(initial_s * 2 ** max(failures - 1, 0), ceiling_s)
-
-
 class Readiness(LedgerLink):
     """The controller's ledger connection and queue subscription, updated by every background ledger call."""
 

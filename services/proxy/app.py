@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from services.client import LedgerClient
+from services.client import LedgerClient, backoff_s
 
 from . import anthropic_messages, openai_responses, serving
 from .auth import Authorizer, presented_key
@@ -34,7 +34,7 @@ from .coordination import Coordinator
 from .errors import ProxyError
 from .gateway import LedgerGateway
 from .metrics import ProxyMetrics
-from .readiness import Readiness, backoff_s
+from .readiness import Readiness
 from .recording import agent_event, refused_event
 from .rest_routes import RestFacade
 from .retry import RetryPolicy

@@ -21,12 +21,12 @@ from typing import Any
 import grpc
 
 from services._gen.agl.v1 import proxy_control_pb2
-from services.client import LedgerClient
+from services.client import LedgerClient, backoff_s
 
 from .background import stop_tasks
 from .errors import ProxyError, ledger_error
 from .metrics import ProxyMetrics
-from .readiness import REFUSED_CODES, Readiness, backoff_s
+from .readiness import REFUSED_CODES, Readiness
 
 log = logging.getLogger(__name__)
 _DRAIN_POLL_S = 0.05

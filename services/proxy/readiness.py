@@ -41,11 +41,6 @@ class Readiness(LedgerLink):
         }
 
 
-def backoff_s(failures: int, initial_s: float = 1.0, ceiling_s: float = 30.0) -> float:
-    """Seconds to wait after `failures` consecutive failures of a background stream (doubling, capped)."""
-    return min(initial_s * 2 ** max(failures - 1, 0), ceiling_s)
-
-
 async def key_refused_at_start(ledger: str, key: str | None, timeout_s: float = 5.0) -> str | None:
     """One cheap ledger call before serving: the message to exit with if the ledger refuses the key, else None.
 
