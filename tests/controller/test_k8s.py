@@ -139,8 +139,10 @@ async def test_a_reward_left_as_the_termination_message_is_posted_unless_the_age
     message; the controller reads it from the succeeded pod's status and posts it before the rollout succeeds."""
     with k8s_controller(stack, tmp_path, k8s):
         returns, posts, text, failing = await ledger.create_rollouts([job_spec() for _ in range(4)])
-        jobs = {r.rollout_id: await asyncio.to_thread(wait_job, k8s, r.rollout_id) for r in (posts, failing)}
-        await wait_for(ledger, [posts.rollout_id], states=[RUNNING])
+        jobs = {
+            r.rollout_id: await asyncio.to_thread(wait_job, k8s, r.rollout_id) for r in (returns, posts, text, failing)
+        }
+        await wait_for(ledger, list(jobs), states=[RUNNING])
         # The agent posts its reward through the proxy with the variables the Job was given, then returns another.
         env = {
             e["name"]: e["value"] for e in jobs[posts.rollout_id]["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -153,7 +155,6 @@ async def test_a_reward_left_as_the_termination_message_is_posted_unless_the_age
             )
         assert reply.status_code == 200, reply.text
         for created, message in ((returns, '{"value": 0.75}'), (posts, '{"value": 0.25}'), (text, "all done")):
-            await asyncio.to_thread(wait_job, k8s, created.rollout_id)
             k8s.complete_job(NS, job_name(created.rollout_id), termination_message=message)
         k8s.fail_job(NS, job_name(failing.rollout_id))
         done = await wait_for(ledger, [r.rollout_id for r in (returns, posts, text, failing)])
