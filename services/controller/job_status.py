@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .outcome import EVICTED, JOB_FAILED, VANISHED, Outcome, parse_returned, timed_out
@@ -56,10 +56,7 @@ def describe_pods(pods: Sequence[Mapping[str, Any]]) -> str:
     parts: list[str] = []
     for pod in pods:
         status = pod.get("status") or {}
-        for container in status.get("containerStatuses") or []:
-            terminated = (container.get("state") or {}).get("terminated")
-            if not terminated:
-                continue
+        for container, terminated in _terminated_containers(status):
             text = f"container {container.get('name', '?')} exited with code {terminated.get('exitCode', '?')}"
             if terminated.get("reason"):
                 text += f" ({terminated['reason']})"
@@ -79,11 +76,19 @@ def returned_in_pods(pods: Sequence[Mapping[str, Any]]) -> float | None:
         status = pod.get("status") or {}
         if status.get("phase") != "Succeeded":
             continue
-        for container in status.get("containerStatuses") or []:
-            message = ((container.get("state") or {}).get("terminated") or {}).get("message")
+        for _, terminated in _terminated_containers(status):
+            message = terminated.get("message")
             if message and (value := parse_returned(message)) is not None:
                 return value
     return None
+
+
+def _terminated_containers(pod_status: Mapping[str, Any]) -> Iterator[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    """(container status, its `state.terminated`) for each container of the pod that has ended."""
+    for container in pod_status.get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated:
+            yield container, terminated
 
 
 def with_detail(outcome: Outcome, detail: str, log_tail: str = "") -> Outcome:

@@ -213,6 +213,9 @@ class K8sStandin:
         pod_name = f"{job_name}-{uuid.uuid4().hex[:5]}"
         containers = job["spec"]["template"]["spec"]["containers"]
         terminated = {"exitCode": exit_code, "reason": "Completed" if ok else "Error", "finishedAt": _now()}
+        statuses = [{"name": c["name"], "state": {"terminated": dict(terminated)}} for c in containers]
+        if termination_message:  # what the first container wrote to its terminationMessagePath, as the kubelet says
+            statuses[0]["state"]["terminated"]["message"] = termination_message
         self._pods[(namespace, pod_name)] = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -223,15 +226,9 @@ class K8sStandin:
             },
             "status": {
                 "phase": "Succeeded" if ok else "Failed",
-                "containerStatuses": [
-                    {"name": c["name"], "state": {"terminated": dict(terminated)}} for c in containers
-                ],
+                "containerStatuses": statuses,
             },
         }
-        if termination_message:  # what the first container wrote to its terminationMessagePath, as the kubelet says
-            self._pods[(namespace, pod_name)]["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = (
-                termination_message
-            )
         if pod_reason:  # taken away by the kubelet or the scheduler, as an evicted pod reports it
             status = self._pods[(namespace, pod_name)]["status"]
             message = f"The pod was {pod_reason.lower()}: the node was low on memory."
