@@ -3,8 +3,11 @@
 While one AppendEvents request is in flight, the calls that arrive queue up and go out together as the next
 request the moment it returns (no timer: a lone call is sent at once). Calls with allow_terminal set and calls
 without it wait in separate lanes, since the flag belongs to the whole request. Each caller gets its own part of
-the answer. The ledger applies a request atomically, so when a merged request is refused for one caller's events
-(say its rollout is gone), each part is sent again alone and only that caller sees the error.
+the answer. The ledger applies a request atomically, so a merged request it refuses may have been refused for one
+caller's events alone (its rollout is gone, an event id it reused with other content): then each part is sent
+again alone, all at once, and every caller gets the answer to its own events. A refusal of one caller's events
+never reaches another caller; only a status about the request as a whole (the ledger away, the proxy's own key
+refused, the deadline) is shared by everyone in it.
 
 Merging needs no parsing: serialized AppendEventsRequests concatenate into one request with all their events.
 """
@@ -29,15 +32,17 @@ Response = ledger_service_pb2.AppendEventsResponse
 # Sends one serialized AppendEventsRequest (retrying UNAVAILABLE as every unary call does).
 SendAppend = Callable[[bytes], Awaitable[ledger_service_pb2.AppendEventsResponse]]
 
-# A merged append refused with one of these may be one caller's fault: each part is then sent alone.
-_PER_CALLER_CODES = frozenset(
+# A merged append refused with one of these was refused as a whole, whatever it held: each caller gets the status.
+# Anything else (a bad event, a missing rollout, a reused event id, an error nobody expected) may be one caller's
+# doing, so each part is then sent alone and only its own caller sees its own answer.
+_REQUEST_WIDE_CODES = frozenset(
     {
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.NOT_FOUND,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.OUT_OF_RANGE,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNIMPLEMENTED,
     }
 )
 
@@ -122,11 +127,11 @@ class AppendBatcher:
         try:
             response = await self._send(b"".join(p.request for p in batch))
         except grpc.aio.AioRpcError as err:
-            if len(batch) > 1 and err.code() in _PER_CALLER_CODES:
+            if len(batch) > 1 and err.code() not in _REQUEST_WIDE_CODES:
                 log.debug("merged append of %d calls refused (%s); sending each alone", len(batch), err.code().name)
-                for pending in batch:  # in queue order, so each caller's events keep their order
-                    if not pending.future.done():
-                        await self._send_batch([pending])
+                # All at once: the parts are written in queue order (each caller's events keep their order) and
+                # the ledger answers them together, so a refused merge costs one more round trip, not one per part.
+                await asyncio.gather(*(self._send_batch([p]) for p in batch if not p.future.done()))
                 return
             for pending in batch:
                 if not pending.future.done():

@@ -32,6 +32,7 @@ from .logs import printable
 from .model_registry import ModelRegistry
 from .paging import page_size, parse_token
 from .proxy_control import ProxyControlState
+from .repeats import Uncommitted, same_event
 from .runs import RunBook
 from .store import DELETE_MODEL, DELETE_ROLLOUT, PUT_EVENT, PUT_META, PUT_MODEL, PUT_ROLLOUT, Op, Store
 from .terminal_log import TerminalLog
@@ -97,6 +98,7 @@ class Ledger:
         self.proxy = ProxyControlState()
         self.controllers = ControllerLeases()
         self.stream_counts: collections.Counter[str] = collections.Counter()
+        self.uncommitted = Uncommitted()  # events with an id not yet readable from the store
         self._ring_size = ring_size
         self._watch_buffer = watch_buffer
         self.hub = RolloutHub(0, ring_size, watch_buffer)
@@ -422,6 +424,10 @@ class Ledger:
         `durable(lsn)` before acknowledging (a duplicate's original may still be committing, so the LSN is the
         latest write's even when nothing new was stored)."""
         rollouts = self.rollouts
+        self.uncommitted.prune(self.store.committed_lsn)
+        # An event id given twice in one request: the second is a retry only if it repeats the first unchanged
+        # (a request may hold several callers' appends, so this must not depend on whether two were merged).
+        firsts: dict[tuple[str, str], tuple[int, event_pb2.Event]] | None = {} if len(events) > 1 else None
         for i, event in enumerate(events):
             check_event(event, i)
             entry = rollouts.get(event.rollout_id)
@@ -443,14 +449,24 @@ class Ledger:
                     f"events[{i}]: rollout {event.rollout_id} has no attempt {event.attempt_id!r} "
                     f"(its attempt is {status.attempt_id!r}); events name one of the rollout's attempts or none"
                 )
-            if event.event_id and entry.event_ids is not None:
-                known = entry.event_ids.get(event.event_id)
+            if event.event_id:
+                known = entry.event_ids.get(event.event_id) if entry.event_ids is not None else None
                 if known is not None:
                     self._check_same(event, known, entry, i)
+                elif firsts is not None:
+                    first_index, first = firsts.setdefault((event.rollout_id, event.event_id), (i, event))
+                    filed_under = status.attempt_id or attempts.latest(status)  # an empty attempt id's meaning
+                    if first is not event and not same_event(first, event, filed_under):
+                        raise AlreadyExists(
+                            f"events[{i}]: event_id {event.event_id!r} of rollout {event.rollout_id} is also "
+                            f"events[{first_index}] of this request, with different content; a retry must repeat "
+                            "the event unchanged"
+                        )
         seconds, nanos = divmod(time.time_ns(), 1_000_000_000)
         sequences: list[int] = []
         attempt_ids: list[str] = []
         ops: list[Op] = []
+        with_ids: list[event_pb2.Event] = []
         for event in events:
             entry = rollouts[event.rollout_id]
             event_id = event.event_id
@@ -473,28 +489,27 @@ class Ledger:
                 if entry.event_ids is None:
                     entry.event_ids = {}
                 entry.event_ids[event_id] = (seq, attempt_id)
+                with_ids.append(event)
             sequences.append(seq)
             attempt_ids.append(attempt_id)
         if ops:
-            self._write(ops)
+            lsn = self._write(ops)
             self.events_appended += len(ops)
+            if with_ids and self.store.committed_lsn < lsn:
+                self.uncommitted.add(lsn, with_ids)
         return sequences, attempt_ids, self.last_lsn
 
     def _check_same(self, event: event_pb2.Event, known: tuple[int, str], entry: Entry, index: int) -> None:
         """A repeated event_id is a retry only with the same content: raise AlreadyExists when it differs from the
-        stored event. Read only on a repeat, so appends pay nothing; an original still being committed (SQLite)
-        cannot be read yet and is taken as the same."""
+        stored event (read only on a repeat, so appends pay nothing; one still being committed is held in memory)."""
         seq, attempt = known
-        rows = self.store.read_events(event.rollout_id, None, None, seq - 1, 1)
-        if not rows or rows[0][0] != seq:
-            return
-        stored = event_pb2.Event.FromString(rows[0][1])
-        given = event_pb2.Event()
-        given.CopyFrom(event)
-        given.attempt_id = given.attempt_id or attempt
-        given.sequence = seq
-        given.create_time.CopyFrom(stored.create_time)
-        if given != stored:
+        stored = self.uncommitted.get(event.rollout_id, seq)
+        if stored is None:
+            rows = self.store.read_events(event.rollout_id, None, None, seq - 1, 1)
+            if not rows or rows[0][0] != seq:
+                return
+            stored = event_pb2.Event.FromString(rows[0][1])
+        if not same_event(stored, event, attempt):
             raise AlreadyExists(
                 f"events[{index}]: event_id {event.event_id!r} of rollout {event.rollout_id} was appended before "
                 f"(sequence {seq}) with different content; a retry must repeat the event unchanged"

@@ -239,6 +239,13 @@ class LedgerServicer:
             return 0, pb.StreamAppendEventsResponse(
                 request_id=request.request_id, error_code=_status(exc).value[0], error_message=str(exc)
             )
+        except Exception as exc:  # a bug: answered like a unary call would be, and the stream (others' too) goes on
+            log.exception("StreamAppendEvents request %d failed unexpectedly", request.request_id)
+            return 0, pb.StreamAppendEventsResponse(
+                request_id=request.request_id,
+                error_code=grpc.StatusCode.UNKNOWN.value[0],
+                error_message=f"StreamAppendEvents: internal error {type(exc).__name__}: {exc}",
+            )
         append = pb.AppendEventsResponse(sequences=sequences, attempt_ids=attempts)
         return lsn, pb.StreamAppendEventsResponse(request_id=request.request_id, append=append)
 
