@@ -6,12 +6,18 @@ and readable after a restart, and an attempt id is never used twice within a rol
 
 from __future__ import annotations
 
+import math
+
 from services._gen.agl.v1 import rollout_pb2
 
 from .errors import InvalidArgument
 
 R = rollout_pb2
 MAX_ATTEMPTS = 100
+# The longest wait before a retry (one day): the policy's seconds are refused above it at create, and a computed
+# backoff (initial * multiplier^(n-1), which can grow past any clock) is cut to it, so a retry time always exists.
+MAX_BACKOFF_SECONDS = 86_400.0
+MAX_BACKOFF_MULTIPLIER = 100.0
 
 # What an empty retry_on means: faults of the infrastructure, not of the agent's answer.
 DEFAULT_RETRY_ON: frozenset[int] = frozenset(
@@ -44,10 +50,15 @@ def check_policy(policy: rollout_pb2.RetryPolicy, where: str) -> None:
     """Raise InvalidArgument naming the field unless the policy is usable."""
     if not 0 <= policy.max_attempts <= MAX_ATTEMPTS:
         raise InvalidArgument(f"{where}: config.retry.max_attempts must be between 0 and {MAX_ATTEMPTS}")
-    for name in ("initial_backoff_seconds", "max_backoff_seconds", "backoff_multiplier"):
+    bounds = (
+        ("initial_backoff_seconds", MAX_BACKOFF_SECONDS, " seconds (one day)"),
+        ("max_backoff_seconds", MAX_BACKOFF_SECONDS, " seconds (one day)"),
+        ("backoff_multiplier", MAX_BACKOFF_MULTIPLIER, ""),
+    )
+    for name, most, unit in bounds:
         value = getattr(policy, name)
-        if not 0 <= value < float("inf"):
-            raise InvalidArgument(f"{where}: config.retry.{name} must be a finite number, not negative")
+        if not 0 <= value <= most:  # NaN too
+            raise InvalidArgument(f"{where}: config.retry.{name} must be between 0 and {most:g}{unit}, not {value!r}")
     for reason in policy.retry_on:
         check_reason(reason, f"{where}: config.retry.retry_on")
         if reason in NEVER_RETRIED:
@@ -62,12 +73,22 @@ def retries(policy: rollout_pb2.RetryPolicy, reason: int, attempts_done: int) ->
 
 
 def backoff_seconds(policy: rollout_pb2.RetryPolicy, attempts_done: int) -> float:
-    """The wait before attempt `attempts_done + 1`."""
+    """The wait before attempt `attempts_done + 1`: between 0 and MAX_BACKOFF_SECONDS whatever the policy holds (a
+    rollout stored before the bounds were checked included), so failing an attempt never fails on arithmetic."""
+    cap = MAX_BACKOFF_SECONDS
+    if 0 < policy.max_backoff_seconds < cap:
+        cap = policy.max_backoff_seconds
+    initial = policy.initial_backoff_seconds
+    if not initial > 0:  # 0, negative or NaN: no wait
+        return 0.0
     multiplier = policy.backoff_multiplier or 2.0
-    delay = policy.initial_backoff_seconds * multiplier ** max(attempts_done - 1, 0)
-    if policy.max_backoff_seconds > 0:
-        delay = min(delay, policy.max_backoff_seconds)
-    return delay
+    try:
+        delay = initial * multiplier ** max(attempts_done - 1, 0)
+    except OverflowError:
+        delay = math.inf
+    if math.isnan(delay):
+        return cap
+    return min(max(delay, 0.0), cap)
 
 
 def known(status: rollout_pb2.RolloutStatus, attempt_id: str) -> bool:
