@@ -258,7 +258,7 @@ def create_app(config: ProxyConfig) -> Starlette:
             await note_refusal(rollout_id, attempt_id, err, body)
             raise
         sequence = await proxy.gateway.append(event)
-        proxy.metrics.events.labels(event.event_type).inc()
+        proxy.metrics.events.labels(proxy.metrics.event_type_label(event.event_type)).inc()
         # v1.0 answered with the stored Event (its clients validate `timestamp` and `data`); the time is the
         # proxy's at the acknowledgement, within a millisecond of the ledger's own stamp.
         answer = {"rollout_id": rollout_id, "attempt_id": attempt_id, "event_type": event.event_type}

@@ -2,7 +2,34 @@
 
 from __future__ import annotations
 
+import re
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Agents choose their event types, so a type is a label value only if it is known or among the first few name-like
+# ones seen; everything else is counted as OTHER_EVENT_TYPE (otherwise /metrics grows with every type an agent sends).
+KNOWN_EVENT_TYPES = ("reward",)
+MAX_EVENT_TYPE_LABELS = 32  # name-like types kept as labels, besides the known ones
+OTHER_EVENT_TYPE = "other"
+_NAME_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
+
+
+class EventTypeLabels:
+    """The label value for an agent's event type: known types, then the first MAX_EVENT_TYPE_LABELS name-like
+    ones (a letter, then letters, digits or `_.:-`, at most 64 characters), then OTHER_EVENT_TYPE."""
+
+    def __init__(self, limit: int = MAX_EVENT_TYPE_LABELS) -> None:
+        self._kept = set(KNOWN_EVENT_TYPES)
+        self._room = limit
+
+    def __call__(self, event_type: str) -> str:
+        if event_type in self._kept:
+            return event_type
+        if self._room > 0 and event_type != OTHER_EVENT_TYPE and _NAME_LIKE.fullmatch(event_type):
+            self._room -= 1
+            self._kept.add(event_type)
+            return event_type
+        return OTHER_EVENT_TYPE
 
 
 class ProxyMetrics:
@@ -22,8 +49,13 @@ class ProxyMetrics:
             "agl_proxy_rejected", "Requests refused, by error code.", ["code"], registry=self.registry
         )
         self.events = Counter(
-            "agl_proxy_agent_events", "Agent events appended.", ["event_type"], registry=self.registry
+            "agl_proxy_agent_events",
+            f"Agent events appended, by type (known types, the first {MAX_EVENT_TYPE_LABELS} others, then "
+            f"{OTHER_EVENT_TYPE!r}).",
+            ["event_type"],
+            registry=self.registry,
         )
+        self.event_type_label = EventTypeLabels()
         self.ledger_append_seconds = Histogram(
             "agl_proxy_ledger_append_seconds",
             "Time to append and acknowledge one event.",
