@@ -32,6 +32,7 @@ from .client_limits import limits_for
 from .config import ProxyConfig, parse_config
 from .coordination import Coordinator
 from .errors import ProxyError
+from .event_checks import check_agent_event
 from .gateway import LedgerGateway
 from .metrics import ProxyMetrics
 from .readiness import Readiness
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 
 _PREFIX = "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai/v1"
 _STARTUP_SYNC_S = 3.0
+# The longest Retry-After a pause may tell agents (a day); the ledger keeps it as a 32-bit number.
+_MAX_RETRY_AFTER_S = 86_400
 
 
 class ProxyStream(Response):
@@ -253,6 +256,7 @@ def create_app(config: ProxyConfig) -> Starlette:
         rollout_id, attempt_id = scope_ids(request)
         body = parse_body(await _read_body(request, config.max_body_bytes), lenient=True)
         try:
+            check_agent_event(body)
             event = agent_event(rollout_id, attempt_id, body)
         except ProxyError as err:
             await note_refusal(rollout_id, attempt_id, err, body)
@@ -303,17 +307,16 @@ def create_app(config: ProxyConfig) -> Starlette:
         raw = await _read_body(request, 64 * 1024)
         return parse_body(raw) if raw.strip() else {}
 
-    def _int(body: dict[str, Any], name: str, default: int) -> int:
+    def _int(body: dict[str, Any], name: str, default: int, most: int) -> int:
         value = body.get(name, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise ProxyError("invalid_request", f"`{name}` must be a non-negative number.")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= most:
+            raise ProxyError("invalid_request", f"`{name}` must be a number between 0 and {most}.")
         return int(value)
 
     async def pause(request: Request) -> Response:
         body = await admin_body(request)
-        return JSONResponse(
-            await proxy.coordinator.pause(_int(body, "retry_after_seconds", 5), str(body.get("reason", "")))
-        )
+        retry_after = _int(body, "retry_after_seconds", 5, _MAX_RETRY_AFTER_S)
+        return JSONResponse(await proxy.coordinator.pause(retry_after, str(body.get("reason", ""))))
 
     async def resume(request: Request) -> Response:
         await admin_body(request)
@@ -329,7 +332,7 @@ def create_app(config: ProxyConfig) -> Starlette:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
             raise ProxyError("invalid_request", "`timeout_seconds` must be a non-negative number.")
         result = await proxy.coordinator.drain(
-            float(timeout), _int(body, "retry_after_seconds", 5), str(body.get("reason", ""))
+            float(timeout), _int(body, "retry_after_seconds", 5, _MAX_RETRY_AFTER_S), str(body.get("reason", ""))
         )
         return JSONResponse(result)
 

@@ -25,6 +25,7 @@ from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
 from services.client import LedgerClient
 
 from .auth import Authorizer, presented_key
+from .event_checks import writable
 from .rest_shapes import (
     DEFAULT_ATTEMPT_ID,
     STATES,
@@ -54,12 +55,18 @@ _STATUS_CODES = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: 503,
 }
 _MAX_BODY = 64 * 1024 * 1024
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _MAX_PAGE = 1000
 
 
 def _json(content: Any, status_code: int = 200) -> Response:
-    """JSON by orjson: a value stored with NaN or Infinity (an agent's event data) comes back as null, not a 500."""
-    return Response(orjson.dumps(content), status_code=status_code, media_type="application/json")
+    """JSON by orjson: a value stored with NaN or Infinity (an agent's event data) comes back as null, not a 500;
+    one orjson cannot write (nested too deeply, a lone surrogate) comes back cut where it cannot (`writable`)."""
+    try:
+        text = orjson.dumps(content)
+    except orjson.JSONEncodeError:
+        text = orjson.dumps(writable(content))
+    return Response(text, status_code=status_code, media_type="application/json")
 
 
 class RestError(Exception):
@@ -70,13 +77,17 @@ class RestError(Exception):
 
 
 def _int_param(request: Request, name: str, default: int) -> int:
+    """An integer query parameter, within what the ledger's 64-bit fields hold (422 otherwise)."""
     raw = request.query_params.get(name)
     if raw is None:
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
-        raise RestError(422, f"Query parameter `{name}` must be an integer, not {raw!r}.") from None
+        raise RestError(422, f"Query parameter `{name}` must be an integer, not {raw[:100]!r}.") from None
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise RestError(422, f"Query parameter `{name}` must be between {_INT64_MIN} and {_INT64_MAX}.")
+    return value
 
 
 async def _json_body(request: Request) -> Any:
@@ -130,6 +141,9 @@ class RestFacade:
                 return _json({"detail": err.detail}, status_code=err.status)
             except ShapeError as err:
                 return _json({"detail": str(err)}, status_code=422)
+            except UnicodeEncodeError as err:  # a string of the body with a lone surrogate (JSON's \udc80)
+                detail = f"A string in the request holds a lone surrogate, which is not text: {err.reason}."
+                return _json({"detail": detail}, status_code=422)
             except grpc.aio.AioRpcError as err:
                 status = _STATUS_CODES.get(err.code())
                 if status is None:

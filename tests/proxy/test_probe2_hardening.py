@@ -10,10 +10,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from services._gen.agl.v1 import event_pb2
 from services.client import agent_token
+from services.proxy.event_checks import MAX_DATA_DEPTH
 from tests.support.procs import ServiceProcess
 
-from .conftest import KEY, Http, event_url, new_rollout, run_proxy
+from .conftest import AUTH, KEY, Http, event_url, new_rollout, run_proxy
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +59,109 @@ async def test_event_types_an_agent_invents_do_not_grow_the_metrics_without_boun
         assert httpx.post(event_url(own_proxy, rollout), json=body, headers=_agent(rollout)).status_code == 200
     assert len(httpx.get(f"{own_proxy.url}/metrics").content) < size + 200
     assert _event_counts(own_proxy)["other"] == len(invented) - 32 + 200
+
+
+# -- finding 8: lone surrogates in an agent's event ------------------------------------------------------------------
+
+SURROGATE = "\\udc80"  # as JSON text: an escape that decodes to a lone surrogate, which no UTF-8 string can hold
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (f'{{"event_type": "note{SURROGATE}", "data": {{}}}}', "`event_type`"),
+        (f'{{"event_type": "note", "event_id": "id-{SURROGATE}", "data": {{}}}}', "`event_id`"),
+        (f'{{"event_type": "reward", "data": {{"value": 1, "message": "{SURROGATE}"}}}}', "`data.message`"),
+        (f'{{"event_type": "reward", "data": {{"value": 1, "source": "a{SURROGATE}"}}}}', "`data.source`"),
+        (f'{{"event_type": "reward", "data": {{"value": 1, "reason": "{SURROGATE}"}}}}', "`data.reason`"),
+        (f'{{"event_type": "note", "data": {{"text": "{SURROGATE}"}}}}', "`data`"),
+    ],
+)
+async def test_a_lone_surrogate_in_an_event_is_422_naming_the_field(proxy, client, body: str, field: str) -> None:
+    rollout = await new_rollout(client)
+    headers = {**_agent(rollout), "content-type": "application/json"}
+    reply = httpx.post(event_url(proxy, rollout), content=body.encode(), headers=headers)
+    assert reply.status_code == 422, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "invalid_event" and field in error["message"] and "surrogate" in error["message"]
+    stored = await client.list_events(rollout)
+    assert [e.event_type for e in stored] == ["proxy_refused_event"]  # the refusal, noted on the rollout
+    listed = httpx.get(f"{proxy.url}/api/rollouts/{rollout}/events", headers=AUTH)
+    assert listed.status_code == 200 and listed.json()[0]["data"]["code"] == "invalid_event"
+
+
+# -- finding 9: deeply nested data and v1.0's event listing ----------------------------------------------------------
+
+
+def _nested_note(depth: int) -> bytes:
+    return b'{"event_type": "note", "data": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+async def test_data_too_deep_for_the_v1_listing_is_refused_at_write_and_the_listing_answers(proxy, client) -> None:
+    rollout = await new_rollout(client)
+    headers = {**_agent(rollout), "content-type": "application/json"}
+    for depth in (MAX_DATA_DEPTH + 1, 256, 600):
+        reply = httpx.post(event_url(proxy, rollout), content=_nested_note(depth), headers=headers)
+        assert reply.status_code == 422, reply.text
+        assert f"nested more than {MAX_DATA_DEPTH} levels" in reply.json()["error"]["message"]
+    reply = httpx.post(event_url(proxy, rollout), content=_nested_note(MAX_DATA_DEPTH), headers=headers)
+    assert reply.status_code == 200, reply.text
+    listed = httpx.get(f"{proxy.url}/api/rollouts/{rollout}/events", headers=AUTH)
+    assert listed.status_code == 200, listed.text
+    data = listed.json()[-1]["data"]
+    for _ in range(MAX_DATA_DEPTH - 1):
+        (data,) = data
+    assert data == []  # read back whole
+
+
+async def test_the_v1_listing_answers_for_whatever_the_ledger_holds(proxy, client) -> None:
+    """Events no agent can post now but a master-key writer (or an older proxy) could store: data nested 600 deep, a
+    lone surrogate, an integer past 64 bits. The listing is 200, with what JSON cannot carry cut, never a 500."""
+    rollout = await new_rollout(client)
+    deep = "[" * 600 + "]" * 600
+    texts = [deep, f'{{"t": "a{SURROGATE}"}}', '{"n": 123456789012345678901234567890, "x": NaN}']
+    await client.append_events([event_pb2.Event(rollout_id=rollout, event_type="note", data_json=t) for t in texts])
+    listed = httpx.get(f"{proxy.url}/api/rollouts/{rollout}/events", headers=AUTH)
+    assert listed.status_code == 200, listed.text
+    deep_data, text_data, number_data = (item["data"] for item in listed.json())
+    for _ in range(252):
+        (deep_data,) = deep_data
+    assert isinstance(deep_data, str) and "nested too deeply" in deep_data
+    assert text_data == {"t": "a\\udc80"}
+    assert number_data["n"] == pytest.approx(1.2345678901234568e29) and number_data["x"] is None
+    assert len(await client.list_events(rollout)) == 3  # stored unchanged
+
+
+# -- finding 13: out-of-range numbers on master-key routes -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("after", [str(2**63), str(10**30), "9" * 5000, str(-(2**63) - 1)])
+async def test_an_out_of_range_terminal_cursor_is_a_clear_4xx(proxy, after: str) -> None:
+    reply = httpx.get(f"{proxy.url}/api/rollouts/terminal", params={"after": after}, headers=AUTH)
+    assert reply.status_code == 422, reply.text
+    assert "after" in reply.json()["detail"]
+
+
+async def test_the_largest_terminal_cursor_reaches_the_ledger_and_gets_its_answer(proxy) -> None:
+    reply = httpx.get(f"{proxy.url}/api/rollouts/terminal", params={"after": str(2**63 - 1)}, headers=AUTH)
+    assert reply.status_code == 422, reply.text
+    assert "ahead of the terminal log" in reply.json()["detail"]
+
+
+@pytest.mark.parametrize("route", ["pause", "drain"])
+@pytest.mark.parametrize("value", [1e300, 2**31, 86_401, -1])
+async def test_an_out_of_range_retry_after_is_400_and_pauses_nothing(proxy, route: str, value: float) -> None:
+    reply = httpx.post(f"{proxy.url}/admin/{route}", json={"retry_after_seconds": value}, headers=AUTH)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "invalid_request" and "retry_after_seconds" in error["message"]
+    assert httpx.get(f"{proxy.url}/admin/state", headers=AUTH).json()["paused"] is False
+
+
+async def test_the_longest_retry_after_is_accepted(proxy) -> None:
+    reply = httpx.post(f"{proxy.url}/admin/pause", json={"retry_after_seconds": 86_400}, headers=AUTH)
+    try:
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["retry_after_seconds"] == 86_400
+    finally:
+        assert httpx.post(f"{proxy.url}/admin/resume", headers=AUTH).status_code == 200
