@@ -364,6 +364,13 @@ def check_engine(url: str, api_key: str = "", timeout_s: float = 10.0) -> str | 
 
 def run_quick(args: argparse.Namespace) -> int:
     # Everything the user gave is checked before any service starts.
+    if args.agent != "math":
+        print(
+            f"--agent {args.agent} picks the agent the training run trains; --quick collects with --agent-class "
+            "and --dataset (e.g. --agent-class examples.calc_agent.agent:CalcAgent --dataset examples/data/calc.jsonl)",
+            file=sys.stderr,
+        )
+        return 2
     load_tasks(args.dataset, args.samples, task_fields())
     if args.engine_url:
         problem = check_engine(args.engine_url, os.environ.get("AGL_ENGINE_API_KEY", ""))

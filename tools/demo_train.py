@@ -39,57 +39,98 @@ if str(REPO_ROOT) not in sys.path:
 from deploy import local_stack  # noqa: E402
 from services._gen.agl.v1 import model_pb2  # noqa: E402
 from services.client import LedgerClient  # noqa: E402
+from tools.demo_agents import AGENTS, DemoAgent  # noqa: E402
 
-MATH_AGENT = "examples.math_agent.agent:MathAgent"
-# The agent reads its task from these variables (see examples/math_agent/agent.py).
+MATH_AGENT = AGENTS["math"].agent_class
+# The agents read their task from these variables (see examples/math_agent/agent.py, examples/calc_agent/agent.py).
 TASK_ENV = {"AGL_TASK_QUESTION": "input.question", "AGL_TASK_ANSWER": "input.answer"}
-WARM_START_VERSION = 2
+# 3: the tiny tokenizer has the tool-call tokens and its template renders tools.
+WARM_START_VERSION = 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training (the default)")
+    group.add_argument(
+        "--agent",
+        choices=sorted(AGENTS),
+        default="math",
+        help="math: the single-turn math agent on additions; calc: the multi-turn calc agent (a calculator tool) "
+        "on 2-digit products",
+    )
     group.add_argument("--steps", type=int, default=60, help="GRPO steps")
     group.add_argument("--tasks-per-step", type=int, default=16, help="tasks per step (GRPO groups)")
     group.add_argument("--lr", type=float, default=1e-4, help="actor learning rate (0: a control run)")
     group.add_argument("--lr-warmup-steps", type=int, default=10, help="optimizer steps of linear lr warm-up")
     group.add_argument("--mini-batches", type=int, default=1, help="optimizer updates per step (tasks split)")
-    group.add_argument("--train-tasks", type=int, default=336, help="training tasks generated")
+    group.add_argument("--train-tasks", type=int, default=None, help="training tasks generated (math 336, calc 2000)")
     group.add_argument("--val-tasks", type=int, default=64, help="held-out tasks (greedy accuracy)")
-    group.add_argument("--warm-start-steps", type=int, default=150, help="supervised warm-start steps")
-    group.add_argument("--max-operand", type=int, default=19, help="tasks add two numbers in 0..N")
+    group.add_argument(
+        "--warm-start-steps", type=int, default=None, help="supervised warm-start steps (math 150, calc 400)"
+    )
+    group.add_argument("--max-operand", type=int, default=None, help="math: tasks add two numbers in 0..N (19)")
     group.add_argument("--val-every", type=int, default=20, help="held-out accuracy every N steps (0: at the end)")
 
 
 # -- data and model -----------------------------------------------------------------------------------------
 
 
-def prepare_tasks(data_dir: Path, args: argparse.Namespace) -> tuple[Path, Path, list[dict[str, Any]]]:
-    from examples.math_agent.tasks import split_tasks, write_jsonl
+def resolve_agent_defaults(args: argparse.Namespace) -> DemoAgent:
+    """The chosen agent, with its defaults filled into the options left unset; options the agent does not use
+    are refused (SystemExit with the reason)."""
+    agent = AGENTS[getattr(args, "agent", "math")]
+    if agent.name != "math" and getattr(args, "max_operand", None) is not None:
+        raise SystemExit(f"--max-operand sizes the math agent's additions; --agent {agent.name} does not use it")
+    if getattr(args, "max_operand", None) is None:
+        args.max_operand = 19
+    if getattr(args, "train_tasks", None) is None:
+        args.train_tasks = agent.train_tasks
+    if getattr(args, "warm_start_steps", None) is None:
+        args.warm_start_steps = agent.warm_steps
+    return agent
 
-    train, val = split_tasks(args.train_tasks, args.val_tasks, seed=7, max_operand=args.max_operand)
-    tasks_dir = data_dir / "tasks"
+
+def prepare_tasks(
+    data_dir: Path, args: argparse.Namespace, agent: DemoAgent = AGENTS["math"]
+) -> tuple[Path, Path, list[dict[str, Any]]]:
+    from examples.math_agent.tasks import write_jsonl
+
+    train, val = agent.make_tasks(args)
+    tasks_dir = data_dir / "tasks" / agent.name
     return write_jsonl(tasks_dir / "train.jsonl", train), write_jsonl(tasks_dir / "val.jsonl", val), train
 
 
-def prepare_model(models_dir: Path, train: Sequence[dict[str, Any]], warm_steps: int, out: TextIO) -> Path:
-    """The warm-started tiny model, made once per recipe (tasks, sizes, steps) and reused after."""
-    from examples.math_agent.tasks import messages, tokenizer_corpus
+def prepare_model(
+    models_dir: Path,
+    train: Sequence[dict[str, Any]],
+    warm_steps: int,
+    out: TextIO,
+    agent: DemoAgent = AGENTS["math"],
+) -> Path:
+    """The warm-started tiny model, made once per recipe (agent, tasks, sizes, steps) and reused after."""
     from services.engine.tiny_model import RECIPE_FILE, build_tiny_model
     from services.engine.warm_start import warm_start
 
-    recipe = {"version": WARM_START_VERSION, "hidden": 128, "layers": 4, "warm_steps": warm_steps, "tasks": train}
+    recipe = {
+        "version": WARM_START_VERSION,
+        "agent": agent.name,
+        "hidden": 128,
+        "layers": 4,
+        "warm_steps": warm_steps,
+        "warm_lr": agent.warm_lr,
+        "tasks": train,
+    }
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
-    path = models_dir / f"tiny-math-{digest}"
+    path = models_dir / f"tiny-{agent.name}-{digest}"
     if (path / RECIPE_FILE).exists() and json.loads((path / RECIPE_FILE).read_text()).get("warm_start"):
         out.write(f"model: {path} (cached)\n")
         return path
     partial = path.with_name(path.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     started = time.monotonic()
-    build_tiny_model(partial, hidden=128, layers=4, corpus=tokenizer_corpus(train))
+    build_tiny_model(partial, hidden=128, layers=4, corpus=agent.corpus(train))
     out.write(f"model: warm-starting a tiny model on {len(train)} tasks ({warm_steps} supervised steps)...\n")
     out.flush()
-    result = warm_start(partial, [(messages(t), t["answer"]) for t in train], steps=warm_steps)
+    result = warm_start(partial, agent.warm_examples(train), steps=warm_steps, lr=agent.warm_lr, tools=agent.tools())
     shutil.rmtree(path, ignore_errors=True)
     partial.rename(path)
     out.write(f"model: {path} in {time.monotonic() - started:.0f}s (warm-start loss {result.loss:.3f})\n")
@@ -111,15 +152,17 @@ def trainer_overrides(
     val_file: Path,
     state_dir: Path,
     output_dir: Path,
+    agent: DemoAgent = AGENTS["math"],
 ) -> list[str]:
     overrides = [
         "placement=cpu",
         f"agl.run_id={run_id}",
         f"agl.ledger_address={ledger}",
         f"agl.model_name={model_name}",
-        f"agl.launch.agent_class={MATH_AGENT}",
+        f"agl.launch.agent_class={agent.agent_class}",
         *(f"+agl.launch.env_map.{name}={path}" for name, path in TASK_ENV.items()),
-        "agl.launch.timeout_seconds=60",
+        f"agl.launch.timeout_seconds={agent.timeout_s}",
+        f"agl.aggregation.level={agent.aggregation}",
         f"agl.state_dir={state_dir / 'manager'}",
         f"agl.engines.weights_dir={state_dir / 'weights'}",
         f"agl.trajectory_log={output_dir / 'trajectories.jsonl'}",
@@ -129,9 +172,9 @@ def trainer_overrides(
         f"data.train_files={train_file}",
         f"data.val_files={val_file}",
         f"data.train_batch_size={args.tasks_per_step}",
-        "data.max_prompt_length=64",
+        f"data.max_prompt_length={agent.max_prompt_length}",
         f"actor_rollout_ref.rollout.n={args.group_size}",
-        "actor_rollout_ref.rollout.response_length=16",
+        f"actor_rollout_ref.rollout.response_length={agent.response_length}",
         f"actor_rollout_ref.model.path={model_path}",
         f"actor_rollout_ref.actor.optim.lr={args.lr}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={max(1, args.tasks_per_step // max(1, args.mini_batches))}",
@@ -181,7 +224,9 @@ def read_metrics(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
     return records, offset + end
 
 
-def step_line(record: Mapping[str, Any], total: int) -> str:
+def step_line(record: Mapping[str, Any], total: int, *, multi_turn: bool = False) -> str:
+    """One line per step; for a multi-turn agent a second one with what its rollouts did: turns, tool calls
+    (and those that did not parse), trajectory breaks and the context tokens masked in each row."""
     data = record["data"]
     step = record["step"]
 
@@ -190,7 +235,10 @@ def step_line(record: Mapping[str, Any], total: int) -> str:
         return "-" if value is None else format(float(value), fmt)
 
     if step == 0:
-        return f"step {0:>3}/{total}  held-out accuracy {num('val/agl/reward_mean')} (before training)"
+        line = f"step {0:>3}/{total}  held-out accuracy {num('val/agl/reward_mean')} (before training)"
+        if multi_turn:
+            line += f", tool-call rate {num('val/agl/tools/call_rate')}"
+        return line
     line = (
         f"step {step:>3}/{total}  reward {num('agl/reward/mean')}  "
         f"rollouts {num('timing_s/gen', '.1f')}s  update {num('timing_s/update_actor', '.2f')}s  "
@@ -199,14 +247,27 @@ def step_line(record: Mapping[str, Any], total: int) -> str:
     )
     if "val/agl/reward_mean" in data:
         line += f"  held-out accuracy {num('val/agl/reward_mean')}"
+        if multi_turn:
+            line += f" (tool-call rate {num('val/agl/tools/call_rate')})"
+    if multi_turn:
+        line += (
+            f"\n          turns {num('agl/turns/mean')}  tool-call rate {num('agl/tools/call_rate')}"
+            f"  tool calls unparsed {num('agl/tools/unparsed_calls', '.0f')}"
+            f"  trajectory breaks {num('agl/data/trajectory_breaks', '.0f')}"
+            f"  masked context tokens/row {num('agl/data/context_tokens_per_row', '.1f')}"
+        )
     return line
 
 
 # -- results ------------------------------------------------------------------------------------------------
 
 
-def draw_curve(records: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """Training reward per step (line) and held-out accuracy (dots), drawn with Pillow."""
+TOOL_RATE, VAL_TOOL_RATE = "agl/tools/call_rate", "val/agl/tools/call_rate"
+
+
+def draw_curve(records: Sequence[Mapping[str, Any]], path: Path, *, tools: bool = False) -> Path:
+    """Training reward per step (line) and held-out accuracy (dots), drawn with Pillow; for an agent with tools
+    also its tool-call rate in training (line) and on the held-out set (squares), in green."""
     from PIL import Image, ImageDraw
 
     width, height, margin = 720, 400, 50
@@ -225,7 +286,10 @@ def draw_curve(records: Sequence[Mapping[str, Any]], path: Path) -> Path:
         _, y = xy(0, tick)
         draw.line([margin - 4, y, margin, y], fill="black")
         draw.text((8, y - 6), f"{tick:.2f}", fill="black")
-    draw.text((margin, 15), "AGL demo: training reward (blue) and held-out accuracy (red) by step", fill="black")
+    title = "AGL demo: training reward (blue) and held-out accuracy (red) by step"
+    if tools:
+        title += "; tool-call rate (green: training line, held-out squares)"
+    draw.text((margin, 15), title, fill="black")
     for tick in sorted({0, last // 2, last}):
         x, _ = xy(tick, 0.0)
         draw.line([x, height - margin, x, height - margin + 4], fill="black")
@@ -238,11 +302,21 @@ def draw_curve(records: Sequence[Mapping[str, Any]], path: Path) -> Path:
         if "val/agl/reward_mean" in r["data"]:
             x, y = xy(r["step"], r["data"]["val/agl/reward_mean"])
             draw.ellipse([x - 5, y - 5, x + 5, y + 5], fill=(210, 40, 40))
+    if tools:
+        rate = [xy(r["step"], r["data"][TOOL_RATE]) for r in records if r["step"] > 0 and TOOL_RATE in r["data"]]
+        if len(rate) > 1:
+            draw.line(rate, fill=(30, 150, 60), width=2)
+        for r in records:
+            if VAL_TOOL_RATE in r["data"]:
+                x, y = xy(r["step"], r["data"][VAL_TOOL_RATE])
+                draw.rectangle([x - 4, y - 4, x + 4, y + 4], fill=(30, 150, 60))
     image.save(path)
     return path
 
 
-def summary(records: Sequence[Mapping[str, Any]], output_dir: Path, out: TextIO) -> dict[str, Any]:
+def summary(
+    records: Sequence[Mapping[str, Any]], output_dir: Path, out: TextIO, *, tools: bool = False
+) -> dict[str, Any]:
     vals = [(r["step"], r["data"]["val/agl/reward_mean"]) for r in records if "val/agl/reward_mean" in r["data"]]
     rewards = [r["data"]["agl/reward/mean"] for r in records if "agl/reward/mean" in r["data"]]
     steps = [r["data"]["agl/step/seconds"] for r in records if "agl/step/seconds" in r["data"]]
@@ -254,6 +328,12 @@ def summary(records: Sequence[Mapping[str, Any]], output_dir: Path, out: TextIO)
         result.update(before=before, after=after)
         out.write(f"{'held-out greedy accuracy':<28}{'before':>10}{'after':>10}{'change':>10}\n")
         out.write(f"{'':<28}{before:>10.3f}{after:>10.3f}{after - before:>+10.3f}\n")
+    rates = [(r["step"], r["data"][VAL_TOOL_RATE]) for r in records if VAL_TOOL_RATE in r["data"]]
+    if tools and rates:
+        before_rate, after_rate = rates[0][1], rates[-1][1]
+        result.update(tool_rate_before=before_rate, tool_rate_after=after_rate)
+        line = f"{before_rate:>10.3f}{after_rate:>10.3f}{after_rate - before_rate:>+10.3f}"
+        out.write(f"{'held-out tool-call rate':<28}{line}\n")
     if rewards:
         head, tail = rewards[: max(1, len(rewards) // 5)], rewards[-max(1, len(rewards) // 5) :]
         out.write(f"training reward: first steps {sum(head) / len(head):.3f}, last steps {sum(tail) / len(tail):.3f}\n")
@@ -262,7 +342,7 @@ def summary(records: Sequence[Mapping[str, Any]], output_dir: Path, out: TextIO)
         out.write(f"seconds per step: median {ordered[len(ordered) // 2]:.2f}, max {ordered[-1]:.2f}\n")
     if gaps:
         out.write(f"engine vs trainer log-probs after each push: max gap {max(gaps):.1e}\n")
-    curve = draw_curve(records, output_dir / "reward_curve.png")
+    curve = draw_curve(records, output_dir / "reward_curve.png", tools=tools)
     out.write(f"reward curve: {curve}\nmetrics: {output_dir / 'metrics.jsonl'}\n")
     out.write(f"trajectories (decoded text): {output_dir / 'trajectories.jsonl'}\n")
     return result
@@ -278,7 +358,9 @@ async def register_engine(ledger: str, key: str, model_name: str, engine_url: st
         await client.register_models([model_pb2.ModelEndpoint(model_name=model_name, endpoint=engine_url)])
 
 
-def follow(proc: subprocess.Popen[bytes], metrics_path: Path, total: int, out: TextIO) -> list[dict[str, Any]]:
+def follow(
+    proc: subprocess.Popen[bytes], metrics_path: Path, total: int, out: TextIO, *, multi_turn: bool = False
+) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     offset = 0
     while True:
@@ -286,7 +368,7 @@ def follow(proc: subprocess.Popen[bytes], metrics_path: Path, total: int, out: T
         fresh, offset = read_metrics(metrics_path, offset)
         for record in fresh:
             records.append(record)
-            out.write(step_line(record, total) + "\n")
+            out.write(step_line(record, total, multi_turn=multi_turn) + "\n")
             out.flush()
         if done:
             return records
@@ -299,8 +381,9 @@ def run_training(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     output_dir.mkdir(parents=True, exist_ok=True)
     for stale in ("metrics.jsonl", "trajectories.jsonl", "reward_curve.png"):
         (output_dir / stale).unlink(missing_ok=True)
-    train_file, val_file, train = prepare_tasks(data_dir, args)
-    model_path = prepare_model(data_dir / "models", train, args.warm_start_steps, out)
+    agent = resolve_agent_defaults(args)
+    train_file, val_file, train = prepare_tasks(data_dir, args, agent)
+    model_path = prepare_model(data_dir / "models", train, args.warm_start_steps, out, agent)
     run_id = f"demo-{uuid.uuid4().hex[:8]}"
     state_dir = data_dir / "runs" / run_id
 
@@ -350,6 +433,7 @@ def run_training(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
                 val_file=val_file,
                 state_dir=state_dir,
                 output_dir=output_dir,
+                agent=agent,
             ),
         ]
         metrics_path = output_dir / "metrics.jsonl"
@@ -358,13 +442,14 @@ def run_training(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         out.write(f" (trainer log: {logs / 'trainer.log'})\n")
         out.flush()
         with trainer_process(argv, env, logs / "trainer.log") as proc:
-            records = follow(proc, metrics_path, args.steps, out)
+            multi_turn = agent.tools() is not None
+            records = follow(proc, metrics_path, args.steps, out, multi_turn=multi_turn)
             code = proc.returncode
         if code != 0:
             tail = (logs / "trainer.log").read_text(errors="replace")[-3000:]
             out.write(f"\nthe trainer exited with {code}; the end of {logs / 'trainer.log'}:\n{tail}\n")
             return 1
-        summary(records, output_dir, out)
+        summary(records, output_dir, out, tools=multi_turn)
         out.write("stopping the services\n")
     return 0
 

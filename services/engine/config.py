@@ -27,6 +27,9 @@ class EngineConfig:
     python: str = ""
     api_key: str | None = field(default=None, repr=False)
     log_level: str = "info"
+    # vLLM's --tool-call-parser (with --enable-auto-tool-choice): "hermes" reads the tiny model's
+    # <tool_call>{...}</tool_call> calls; "" serves no tools (a request with `tools` is then refused by vLLM).
+    tool_call_parser: str = "hermes"
     extra_args: tuple[str, ...] = ()
 
 
@@ -73,6 +76,11 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     )
     p.add_argument("--api-key", default=env.get("AGL_ENGINE_API_KEY") or None, help="key vLLM requires on /v1")
     p.add_argument("--log-level", default=env.get("AGL_ENGINE_LOG_LEVEL", d.log_level))
+    p.add_argument(
+        "--tool-call-parser",
+        default=env.get("AGL_ENGINE_TOOL_CALL_PARSER", d.tool_call_parser),
+        help="vLLM tool-call parser for requests with `tools` (hermes: the tiny model's format; none: no tools)",
+    )
     p.add_argument("vllm_args", nargs="*", help="passed to vLLM (after `--`)")
     args = p.parse_args(argv)
     extra = tuple(shlex.split(env.get("AGL_ENGINE_EXTRA_ARGS", ""))) + tuple(args.vllm_args)
@@ -93,5 +101,6 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         python=args.python,
         api_key=args.api_key,
         log_level=args.log_level,
+        tool_call_parser="" if args.tool_call_parser.strip().lower() in ("", "none") else args.tool_call_parser.strip(),
         extra_args=extra,
     )

@@ -68,6 +68,8 @@ def vllm_argv(config: EngineConfig, model_dir: Path, python: str) -> tuple[str, 
     argv += ["--worker-extension-cls", WORKER_EXTENSION]
     if config.enforce_eager:
         argv.append("--enforce-eager")
+    if config.tool_call_parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser]
     return (*argv, *config.extra_args)
 
 

@@ -16,12 +16,63 @@ from pathlib import Path
 
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
-SPECIAL_TOKENS = (PAD_TOKEN, "<|im_start|>", EOS_TOKEN)
-# Roles shortened to their first letter: the model sees ~10 fewer tokens per message.
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'][0] }}:{{ m['content'] }}<|im_end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>a:{% endif %}"
-)
+# Hermes/Qwen2.5-style tool-call markers, one token each: vLLM's `hermes` tool-call parser finds calls between
+# them, and as special tokens the text around a call is tokenized apart from it, so re-rendering a call the model
+# made gives back the tokens it sampled.
+TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
+SPECIAL_TOKENS = (PAD_TOKEN, "<|im_start|>", EOS_TOKEN, TOOL_CALL_START, TOOL_CALL_END)
+
+
+def _chat_template(strip_past_reasoning: bool) -> str:
+    """The tiny model's chat template. Roles are shortened to their first letter (~10 fewer tokens a message).
+
+    Tools: the offered tools are one line of signatures, `tools: calculator(expression)`, appended to the system
+    message (or a system message of their own); an assistant's tool calls are rendered after its text as
+    `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, with the JSON spelled as json.dumps spells it
+    (vLLM's hermes parser re-serialises the arguments that way), so a call rendered back into the history is the
+    text the model wrote. Tool results are `t:` messages.
+
+    strip_past_reasoning: `<think>...</think>` is dropped from assistant turns before the last user message, as
+    Qwen3's template does: the history is then not a pure append (tests and bench/ measure what that does)."""
+    tools = (
+        "{%- set ns = namespace(sigs=[], last_user=-1) -%}"
+        "{%- for t in tools or [] -%}{%- set f = t.function if t.function is defined else t -%}"
+        "{%- set ns.sigs = ns.sigs + [f.name ~ '(' ~ ((((f.parameters or {}).properties) or {}) | list | join(','))"
+        " ~ ')'] -%}{%- endfor -%}"
+        "{%- set tool_line = 'tools: ' ~ (ns.sigs | join(' ')) -%}"
+        "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}"
+        "{%- endfor -%}"
+    )
+    content = (
+        "{%- set text = m.content if m.content is string else "
+        "((m.content or []) | map(attribute='text') | join('')) -%}"
+    )
+    if strip_past_reasoning:
+        content += (
+            "{%- if m.role == 'assistant' and loop.index0 < ns.last_user and '</think>' in text -%}"
+            "{%- set text = text.split('</think>')[-1] -%}{%- endif -%}"
+        )
+    calls = (
+        "{%- for tc in m.tool_calls or [] -%}{%- set f = tc.function if tc.function is defined else tc -%}"
+        '<tool_call>{"name": {{ f.name | tojson }}, "arguments": '
+        "{{ f.arguments if f.arguments is string else (f.arguments | tojson) }}{{ '}' }}</tool_call>"
+        "{%- endfor -%}"
+    )
+    return (
+        tools + "{%- for m in messages -%}"
+        "{%- if loop.first and tools and m.role != 'system' -%}<|im_start|>s:{{ tool_line }}<|im_end|>{%- endif -%}"
+        + content
+        + "<|im_start|>{{ m.role[0] }}:{{ text }}"
+        "{%- if m.role == 'system' and tools -%}{{ '\\n' ~ tool_line }}{%- endif -%}"
+        + calls
+        + "<|im_end|>{%- endfor -%}"
+        "{%- if add_generation_prompt -%}<|im_start|>a:{%- endif -%}"
+    )
+
+
+CHAT_TEMPLATE = _chat_template(strip_past_reasoning=False)
+# A template whose history is not a pure append (see _chat_template): for measuring and testing segment rows.
+REASONING_STRIPPING_CHAT_TEMPLATE = _chat_template(strip_past_reasoning=True)
 # Qwen2's pre-tokenizer pattern (words, single digits, punctuation runs, whitespace).
 QWEN2_PIECES = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -30,7 +81,9 @@ QWEN2_PIECES = (
 RECIPE_FILE = "agl_tiny_model.json"
 
 
-def build_tokenizer(corpus: Sequence[str] = (), vocab_size: int = 512):  # type: ignore[no-untyped-def]
+def build_tokenizer(  # type: ignore[no-untyped-def]
+    corpus: Sequence[str] = (), vocab_size: int = 512, chat_template: str = CHAT_TEMPLATE
+):
     """Byte-level tokenizer. With a corpus, BPE merges are learned from it inside Qwen2's pre-tokenizer
     pieces (words, single digits): a task's fixed text then costs a token per word instead of one per byte,
     which is most of the compute on CPU. The pieces must be Qwen2's: transformers 5 loads any `qwen2` model's
@@ -57,7 +110,7 @@ def build_tokenizer(corpus: Sequence[str] = (), vocab_size: int = 512):  # type:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, bos_token=None, unk_token=None
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     return tokenizer
 
 
@@ -70,7 +123,13 @@ def make_readable(out_dir: Path) -> None:
 
 
 def build_tiny_model(
-    out_dir: Path | str, *, hidden: int = 128, layers: int = 4, seed: int = 0, corpus: Sequence[str] = ()
+    out_dir: Path | str,
+    *,
+    hidden: int = 128,
+    layers: int = 4,
+    seed: int = 0,
+    corpus: Sequence[str] = (),
+    chat_template: str = CHAT_TEMPLATE,
 ) -> Path:
     """Writes tokenizer, config and random weights to out_dir; returns it. Deterministic for a given seed
     and corpus (see build_tokenizer)."""
@@ -81,7 +140,7 @@ def build_tiny_model(
         raise ValueError(f"hidden={hidden}: must be a multiple of 64 (the head size)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(corpus)
+    tokenizer = build_tokenizer(corpus, chat_template=chat_template)
     tokenizer.save_pretrained(out)
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     config = Qwen2Config(

@@ -17,7 +17,7 @@ from typing import Any
 
 from .tiny_model import EOS_TOKEN, RECIPE_FILE, make_readable
 
-Messages = list[dict[str, str]]
+Messages = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,12 @@ class WarmStartResult:
     seconds: float
 
 
-def _encode(tokenizer: Any, messages: Messages, answer: str, eos_id: int) -> tuple[list[int], list[int]]:
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def _encode(
+    tokenizer: Any, messages: Messages, answer: str, eos_id: int, tools: Sequence[dict[str, Any]] | None
+) -> tuple[list[int], list[int]]:
+    text = tokenizer.apply_chat_template(
+        messages, tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=False
+    )
     prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
     response = tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos_id]
     return prompt + response, [-100] * len(prompt) + response
@@ -44,8 +48,10 @@ def warm_start(
     warmup_steps: int = 50,
     seed: int = 1,
     threads: int = 2,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> WarmStartResult:
-    """Trains the model in model_dir in place on (messages, answer) pairs and saves it back."""
+    """Trains the model in model_dir in place on (messages, answer) pairs and saves it back. `tools` (OpenAI
+    function tools) are rendered into every prompt, as the engine renders a request that offers them."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -57,7 +63,7 @@ def warm_start(
     tokenizer = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="sdpa")
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
-    encoded = [_encode(tokenizer, messages, answer, eos_id) for messages, answer in examples]
+    encoded = [_encode(tokenizer, messages, answer, eos_id, tools) for messages, answer in examples]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     # A linear warm-up: a random tiny model at full lr from step 0 stalls on a ~1.0 loss plateau.
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / max(warmup_steps, 1)))
@@ -90,6 +96,7 @@ def warm_start(
         "warmup_steps": warmup_steps,
         "seed": seed,
         "examples": len(examples),
+        "tools": [tool.get("function", tool).get("name") for tool in tools or []],
     }
     recipe_path.write_text(json.dumps(recipe, indent=2) + "\n")
     return WarmStartResult(steps, loss_value, seconds)

@@ -1,6 +1,7 @@
 """The triplet view: events trimmed to what training needs, one call per distinct prompt.
 
-model_request keeps prompt/response token ids, response log-probs, model, version, status and finish reason;
+model_request keeps prompt/response token ids, response log-probs, model, version, status, finish reason and its
+tool-call counts;
 reward keeps value, source and reason; other events are left out. Of calls with an identical prompt-token
 sequence only the last is kept (a retried or repeated call must not enter the batch twice). Log-probs that do
 not line up with the response tokens, or are not finite, are dropped (has_response_logprobs false): never an
@@ -113,11 +114,11 @@ def _size(n: int) -> bytes:
 
 
 # ModelRequest fields in canonical order run: [1-2 dropped][3-4 kept][5-6 kept when usable][7-8 kept][9-13 dropped]
-# [14-15 kept][16-17 dropped]. The cut records where each run starts: _MR_RUN[number] is the run field `number`
-# belongs to.
-_MR_RUN = (0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 4, 4, 4, 5, 5, 6, 6)
-_MR_RUNS = 7
-_MR_LAST = 17
+# [14-15 kept][16-17 dropped][18 kept]. The cut records where each run starts: _MR_RUN[number] is the run field
+# `number` belongs to.
+_MR_RUN = (0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 4, 4, 4, 5, 5, 6, 6, 7)
+_MR_RUNS = 8
+_MR_LAST = 18
 
 
 def _cut_model_request(data: bytes, pos: int, end: int) -> tuple[bytes, bytes]:
@@ -176,13 +177,13 @@ def _cut_model_request(data: bytes, pos: int, end: int) -> tuple[bytes, bytes]:
             raise _Unusual
     if pos != end:
         raise ValueError("model_request ends inside a field")
-    begin, run3, run5, run7, run9, run14, run16, _ = runs
+    begin, run3, run5, run7, run9, run14, run16, run18, _ = runs
     if has_logprobs and _finite_and_aligned(data, logprobs_start, logprobs_end, response_start, response_end):
-        kept = (data[run3:run9], data[run14:run16])
-        dropped = (data[begin:run3], data[run9:run14], data[run16:end])
+        kept = (data[run3:run9], data[run14:run16], data[run18:end])
+        dropped = (data[begin:run3], data[run9:run14], data[run16:run18])
     else:
-        kept = (data[run3:run5], data[run7:run9], data[run14:run16])
-        dropped = (data[begin:run3], data[run5:run7], data[run9:run14], data[run16:end])
+        kept = (data[run3:run5], data[run7:run9], data[run14:run16], data[run18:end])
+        dropped = (data[begin:run3], data[run5:run7], data[run9:run14], data[run16:run18])
     return b"".join(kept), b"".join(dropped)
 
 
@@ -230,6 +231,7 @@ def _split_messages(data: bytes) -> tuple[bytes, int]:
         rest.ClearField(name)
     if trimmed.HasField("model_request"):
         names = ["prompt_token_ids", "response_token_ids", "model", "model_version", "finish_reason", "status"]
+        names.append("tool_calls")
         if trimmed.model_request.has_response_logprobs:
             names += ["response_logprobs", "has_response_logprobs"]
         payload = rest.model_request
@@ -277,6 +279,8 @@ def trim(event: event_pb2.Event) -> event_pb2.Event | None:
         dst.model_version = src.model_version
         dst.status = src.status
         dst.finish_reason = src.finish_reason
+        if src.HasField("tool_calls"):
+            dst.tool_calls.CopyFrom(src.tool_calls)
         return out
     if event.event_type == REWARD and payload == "reward":
         src_r = event.reward

@@ -29,6 +29,7 @@ from .recording import ERROR, INCOMPLETE, OK, CallRecord, model_request_event
 from .rewrite import CHAT, RewriteSettings, dumps, loads_lenient, parse_body, rewrite, validate
 from .routing import Endpoint, RoutingTable
 from .sse import DONE, SSESplitter
+from .tool_calls import offered_tool_names, tool_call_stats
 from .translation import Dialect, StreamTranslator
 from .upstream import Upstream, close_response
 
@@ -53,6 +54,8 @@ class _Call:
     request_json: str
     started: float
     stream: bool
+    # Names of the tools the request offered (None: none), for the event's tool-call counts.
+    offered_tools: frozenset[str] | None = None
 
 
 class ModelCalls:
@@ -100,7 +103,10 @@ class ModelCalls:
             upstream_body = rewrite(body, engine_api, mode, self.settings)
             request_bytes = dumps(upstream_body, "The request body")
             stream = bool(upstream_body.get("stream"))
-            call = _Call(rollout_id, attempt_id, api, request_bytes.decode(), time.perf_counter(), stream)
+            call = _Call(
+                rollout_id, attempt_id, api, request_bytes.decode(), time.perf_counter(), stream,
+                offered_tool_names(upstream_body),
+            )  # fmt: skip
             result = await self.upstream.call(
                 endpoints, API_PATHS[engine_api], request_bytes, stream=stream, rollout_id=rollout_id
             )
@@ -165,6 +171,11 @@ class ModelCalls:
             http_status=http_status,
             retry_count=retries,
             status=status,
+            tool_calls=(
+                tool_call_stats(call.offered_tools, capture.content, capture.tool_calls)
+                if capture is not None and status == OK
+                else None
+            ),
         )
         started = time.perf_counter()
         event = model_request_event(record)

@@ -24,6 +24,9 @@ class Capture:
     finish_reason: str = ""
     model: str = ""
     usage: dict[str, int] | None = None
+    # The first choice's text and the tool calls the engine parsed from it (chat api; text only for completions).
+    content: str | None = None
+    tool_calls: list[Any] = field(default_factory=list)
 
 
 # The checks below run over every token of every call, so they look at the set of element types (built in C)
@@ -86,9 +89,17 @@ def capture_response(body: dict[str, Any], api: str) -> Capture:
     if api == CHAT:
         capture.prompt_token_ids = _ints(body.get("prompt_token_ids"))
         logprobs = _chat_logprobs(choice.get("logprobs"))
+        message = choice.get("message")
+        if isinstance(message, dict):
+            content = message.get("content")
+            capture.content = content if isinstance(content, str) else None
+            calls = message.get("tool_calls")
+            capture.tool_calls = calls if isinstance(calls, list) else []
     else:
         capture.prompt_token_ids = _ints(choice.get("prompt_token_ids"))
         logprobs = _completion_logprobs(choice.get("logprobs"))
+        text = choice.get("text")
+        capture.content = text if isinstance(text, str) else None
     if logprobs is not None and len(logprobs) == len(capture.response_token_ids) and logprobs:
         capture.response_logprobs = logprobs
         capture.has_logprobs = True

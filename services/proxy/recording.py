@@ -36,6 +36,8 @@ class CallRecord:
     http_status: int
     retry_count: int
     status: int
+    # ToolCallStats fields (see tool_calls.py), or None when there was nothing to count.
+    tool_calls: dict[str, int] | None = None
 
 
 _USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
@@ -64,6 +66,8 @@ def model_request_event(record: CallRecord) -> event_pb2.Event:
     }
     if capture.usage is not None:
         request["usage"] = {name: capture.usage[name] for name in _USAGE_FIELDS}
+    if record.tool_calls is not None:
+        request["tool_calls"] = record.tool_calls
     return event_pb2.Event(
         rollout_id=record.rollout_id,
         attempt_id=record.attempt_id,

@@ -19,6 +19,7 @@ from .aggregation import AggregationLevel, Row, rows_from_trace
 from .alignment import align_rows
 from .batch import rows_to_dataproto
 from .loss import ROW_WEIGHTS_KEY, per_rollout_token_weights
+from .trace_stats import row_metrics
 from .triplets import REWARD_MISSING, RolloutTrace
 
 
@@ -104,6 +105,7 @@ def build_training_batch(
             "agl/align/mini_batch_rows": float(alignment.mini_batch_rows),
         }
     )
+    metrics.update(row_metrics(rows, counts))
     if not kept:
         return TrainingBatch(None, metrics, 0, 0)
     data = rows_to_dataproto(

@@ -50,6 +50,7 @@ from .loop_thread import LoopThread
 from .loss import apply_row_weights
 from .manager import RolloutManager
 from .specs import Sample
+from .trace_stats import trace_metrics
 from .trajectory_log import TrajectoryLog
 
 log = logging.getLogger(__name__)
@@ -220,6 +221,7 @@ class AglPPOTrainer(RayPPOTrainer):
         metrics = {f"val/{k}": v for k, v in result.metrics.items()}
         if rewards:
             metrics["val/agl/reward_mean"] = sum(rewards) / len(rewards)
+        metrics.update(trace_metrics(result.traces, prefix="val/agl"))
         return metrics
 
     # -- the actor update with aligned mini-batches ---------------------------------------------------------
@@ -274,6 +276,7 @@ class AglPPOTrainer(RayPPOTrainer):
         metrics.update(result.metrics)
         if result.traces:
             metrics["agl/reward/mean"] = sum(t.reward for t in result.traces) / len(result.traces)
+        metrics.update(trace_metrics(result.traces))
         if self.trajectories is not None:
             self.trajectories.write(self.global_steps, result.traces, kind="train")
         # Always: in async mode calls are in flight; in sync mode a late call must not reach a sleeping replica

@@ -33,6 +33,9 @@ class Triplet:
     logprobs: list[float] | None
     turn_index: int
     model_version: int = 0
+    finish_reason: str = ""
+    # ToolCallStats of the call (the proxy's counts), or None when it offered no tools and made no call.
+    tool_calls: event_pb2.ToolCallStats | None = None
 
 
 @dataclass
@@ -46,10 +49,13 @@ class RolloutTrace:
     triplets: list[Triplet] = field(default_factory=list)
     reward_missing: bool = False
     succeeded: bool = True
+    # Model calls that ended in an error (the engine's or the transport's): not triplets, but part of the story.
+    failed_calls: int = 0
 
 
 def extract_triplets(events: Iterable[event_pb2.Event], counts: Counter[str]) -> tuple[list[Triplet], float | None]:
-    """Triplets in event order and the last reward value (None when the rollout posted no reward)."""
+    """Triplets in event order and the last reward value (None when the rollout posted no reward); each call
+    dropped is counted in `counts`."""
     triplets: list[Triplet] = []
     reward: float | None = None
     for event in events:
@@ -75,6 +81,8 @@ def extract_triplets(events: Iterable[event_pb2.Event], counts: Counter[str]) ->
                     logprobs=logprobs,
                     turn_index=len(triplets),
                     model_version=call.model_version,
+                    finish_reason=call.finish_reason,
+                    tool_calls=call.tool_calls if call.HasField("tool_calls") else None,
                 )
             )
         elif kind == "reward" and event.reward.HasField("value"):
@@ -93,6 +101,7 @@ def trace_from_events(
     succeeded: bool = True,
 ) -> RolloutTrace:
     """Builds a RolloutTrace; a missing reward becomes reward_fillna_value and is counted."""
+    failed_before = counts[DROPPED_ERROR_CALLS]
     triplets, reward = extract_triplets(events, counts)
     missing = reward is None
     if missing:
@@ -105,4 +114,5 @@ def trace_from_events(
         triplets=triplets,
         reward_missing=missing,
         succeeded=succeeded,
+        failed_calls=counts[DROPPED_ERROR_CALLS] - failed_before,
     )

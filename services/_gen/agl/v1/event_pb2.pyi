@@ -41,7 +41,7 @@ class TokenUsage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
 
 class ModelRequest(_message.Message):
-    __slots__ = ("request_json", "response_json", "prompt_token_ids", "response_token_ids", "response_logprobs", "has_response_logprobs", "model", "model_version", "endpoint", "latency_seconds", "http_status", "retry_count", "usage", "finish_reason", "status", "api", "stream")
+    __slots__ = ("request_json", "response_json", "prompt_token_ids", "response_token_ids", "response_logprobs", "has_response_logprobs", "model", "model_version", "endpoint", "latency_seconds", "http_status", "retry_count", "usage", "finish_reason", "status", "api", "stream", "tool_calls")
     REQUEST_JSON_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_JSON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class ModelRequest(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     API_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     request_json: str
     response_json: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -76,7 +77,22 @@ class ModelRequest(_message.Message):
     status: ModelRequestStatus
     api: str
     stream: bool
-    def __init__(self, request_json: _Optional[str] = ..., response_json: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., has_response_logprobs: _Optional[bool] = ..., model: _Optional[str] = ..., model_version: _Optional[int] = ..., endpoint: _Optional[str] = ..., latency_seconds: _Optional[float] = ..., http_status: _Optional[int] = ..., retry_count: _Optional[int] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., status: _Optional[_Union[ModelRequestStatus, str]] = ..., api: _Optional[str] = ..., stream: _Optional[bool] = ...) -> None: ...
+    tool_calls: ToolCallStats
+    def __init__(self, request_json: _Optional[str] = ..., response_json: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., has_response_logprobs: _Optional[bool] = ..., model: _Optional[str] = ..., model_version: _Optional[int] = ..., endpoint: _Optional[str] = ..., latency_seconds: _Optional[float] = ..., http_status: _Optional[int] = ..., retry_count: _Optional[int] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., status: _Optional[_Union[ModelRequestStatus, str]] = ..., api: _Optional[str] = ..., stream: _Optional[bool] = ..., tool_calls: _Optional[_Union[ToolCallStats, _Mapping]] = ...) -> None: ...
+
+class ToolCallStats(_message.Message):
+    __slots__ = ("offered_tools", "parsed_calls", "unparsed_calls", "unknown_tool_calls", "invalid_argument_calls")
+    OFFERED_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    PARSED_CALLS_FIELD_NUMBER: _ClassVar[int]
+    UNPARSED_CALLS_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    INVALID_ARGUMENT_CALLS_FIELD_NUMBER: _ClassVar[int]
+    offered_tools: int
+    parsed_calls: int
+    unparsed_calls: int
+    unknown_tool_calls: int
+    invalid_argument_calls: int
+    def __init__(self, offered_tools: _Optional[int] = ..., parsed_calls: _Optional[int] = ..., unparsed_calls: _Optional[int] = ..., unknown_tool_calls: _Optional[int] = ..., invalid_argument_calls: _Optional[int] = ...) -> None: ...
 
 class Reward(_message.Message):
     __slots__ = ("value", "message", "source", "reason", "data_json")
