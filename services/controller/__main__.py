@@ -5,23 +5,47 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
 
 from services.client import LedgerClient
 
+from . import agent_sandbox
 from .config import ControllerConfig, load_config
 from .controller import Controller
 from .metrics import ControllerMetrics
 from .probes import start_probe_server
 from .readiness import Readiness, follow_ledger, key_refused_at_start, probe_client
 from .runner import Runner
+from .sandbox import Policy
 
 log = logging.getLogger("services.controller")
 
 
-def build_runner(config: ControllerConfig, metrics: ControllerMetrics) -> Runner:
+def agent_policy(config: ControllerConfig) -> Policy | None:
+    """The policy local agents run under, None when they run uncontained (--agent-sandbox off, or auto on a host
+    that cannot: then one warning says why). Raises agent_sandbox.SandboxUnavailable."""
+    if config.runner != "local":
+        return None
+    hidden = [config.log_dir, *([config.key_file] if config.key_file else []), *config.agent_hide]
+    wanted = agent_sandbox.build_policy(hidden, config.agent_user)
+    policy, reason = agent_sandbox.resolve(config.agent_sandbox, wanted, config.python)
+    if reason:
+        log.warning(
+            "local agents are NOT contained (%s): they can see the controller's and other agents' processes and "
+            "files; --agent-sandbox on makes this an error, off silences it (see SECURITY.md)",
+            reason,
+        )
+    elif policy is not None:
+        user = "the controller's uid" if policy.uid is None else f"uid {policy.uid} gid {policy.gid}"
+        log.info("local agents are contained (own PID and mount namespaces, no capabilities, %s; hidden: %s)",
+                 user, ", ".join(policy.hide))  # fmt: skip
+    return policy
+
+
+def build_runner(config: ControllerConfig, metrics: ControllerMetrics, sandbox: Policy | None = None) -> Runner:
     if config.runner == "k8s":
         from .k8s_api import KubeJobs, load_api_client
         from .k8s_runner import K8sRunner
@@ -61,10 +85,11 @@ def build_runner(config: ControllerConfig, metrics: ControllerMetrics) -> Runner
         launcher_preload=config.launcher_preload,
         launcher_learn=config.launcher_learn,
         launcher_idle_s=config.launcher_idle_s,
+        sandbox=sandbox,
     )
 
 
-async def serve(config: ControllerConfig) -> None:
+async def serve(config: ControllerConfig, sandbox: Policy | None = None) -> None:
     metrics = ControllerMetrics()
     readiness = Readiness(config.ledger)
     probes = None
@@ -77,7 +102,7 @@ async def serve(config: ControllerConfig) -> None:
     ledger = LedgerClient(config.ledger, key=config.key)
     controller = Controller(
         ledger,
-        build_runner(config, metrics),
+        build_runner(config, metrics, sandbox),
         controller_id=config.controller_id,
         max_concurrency=config.max_concurrency,
         metrics=metrics,
@@ -114,11 +139,19 @@ async def serve(config: ControllerConfig) -> None:
 def main(argv: list[str] | None = None) -> None:
     config = load_config(argv)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.pop("AGL_KEY", None)  # read into the config; nothing started from here inherits it
+    if config.key_file and os.stat(config.key_file).st_mode & 0o077:
+        log.warning("--key-file %s can be read by other users: chmod 600 it", config.key_file)
+    try:
+        sandbox = agent_policy(config)
+    except agent_sandbox.SandboxUnavailable as err:
+        log.error("%s; exiting", err)
+        sys.exit(2)
     refused = asyncio.run(key_refused_at_start(config.ledger, config.key))
     if refused:  # like the proxy: a key the ledger refuses is fixed by the operator, not by retrying
         log.error("%s; exiting", refused)
         sys.exit(2)
-    asyncio.run(serve(config))
+    asyncio.run(serve(config, sandbox))
 
 
 if __name__ == "__main__":

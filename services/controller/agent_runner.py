@@ -1,13 +1,14 @@
-"""Runs an agent class: `python -m services.controller.agent_runner [--notify-fd N --launch-id ID --result-file P]
-module:Class`.
+"""Runs an agent class: `python -m services.controller.agent_runner [--notify-fd N --launch-id ID]
+[--result-file P | --result-fd N] module:Class`.
 
 Imports the module, instantiates the class without arguments and calls its run(); a coroutine result is
 awaited. Exit code 0 when run() returns, 1 when it raises (traceback on stderr), 2 when the class cannot be
 loaded; sys.exit(n) in the agent exits with n. The agent reads the §3 variables from its environment itself.
 Right before run() is called, one datagram "ID <monotonic time>" goes to --notify-fd (the controller's
 launch-latency clock). When run() returns a number (an int or a float, not a bool; finite), `{"value": x}` is
-written to --result-file: the controller posts it as the reward unless the agent posted one (the older Agent
-Lightning habit of returning the reward). In a Kubernetes Job, `--result-file /dev/termination-log` leaves it as
+written to --result-file (or to --result-fd, a file the controller opened for it: a contained local agent cannot
+open the controller's log directory): the controller posts it as the reward unless the agent posted one (the older
+Agent Lightning habit of returning the reward). In a Kubernetes Job, `--result-file /dev/termination-log` leaves it as
 the container's termination message, which the controller reads from the pod's status. The warm launcher's
 children run the same code through run_agent_in_child().
 
@@ -58,13 +59,19 @@ def returned_reward(result: object) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def write_returned(path: str, value: float) -> None:
+def write_returned(path: str | int, value: float) -> None:
     """The returned reward for the controller, written whole (a reader never sees half a file).
 
-    A path that exists already is written in place: Kubernetes' termination message file
-    (`/dev/termination-log`) is a bind mount that cannot be replaced, and the kubelet reads it only after the
-    container has exited."""
+    An int is a file descriptor the controller opened (and reads only after the agent's process ended). A path that
+    exists already is written in place: Kubernetes' termination message file (`/dev/termination-log`) is a bind mount
+    that cannot be replaced, and the kubelet reads it only after the container has exited."""
     text = json.dumps({"value": value})
+    if isinstance(path, int):
+        try:
+            os.write(path, text.encode())
+        except OSError as err:
+            sys.stderr.write(f"agent_runner: cannot write the returned reward to fd {path}: {err}\n")
+        return
     try:
         if os.path.exists(path):
             with open(path, "w") as handle:
@@ -78,7 +85,7 @@ def write_returned(path: str, value: float) -> None:
         sys.stderr.write(f"agent_runner: cannot write the returned reward to {path}: {err}\n")
 
 
-def run_agent(spec: str, on_running: Callable[[], None] | None = None, result_path: str = "") -> int:
+def run_agent(spec: str, on_running: Callable[[], None] | None = None, result_path: str | int = "") -> int:
     try:
         agent = load_class(spec)()
     except Exception:
@@ -95,12 +102,13 @@ def run_agent(spec: str, on_running: Callable[[], None] | None = None, result_pa
         traceback.print_exc()
         return 1
     value = returned_reward(result)
-    if value is not None and result_path:
+    wanted = result_path >= 0 if isinstance(result_path, int) else bool(result_path)
+    if value is not None and wanted:
         write_returned(result_path, value)
     return 0
 
 
-def run_agent_in_child(spec: str, on_running: Callable[[], None], result_path: str = "") -> int:
+def run_agent_in_child(spec: str, on_running: Callable[[], None], result_path: str | int = "") -> int:
     """run_agent() in a forked child, ending the way an interpreter would: exit code, threads joined, atexit run."""
     try:
         code = run_agent(spec, on_running, result_path)
@@ -143,17 +151,20 @@ async def _wait(awaitable: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
-    notify_fd, launch_id, result_path = -1, "", ""
-    while len(args) > 2 and args[0] in ("--notify-fd", "--launch-id", "--result-file"):
+    notify_fd, launch_id = -1, ""
+    result_path: str | int = ""
+    while len(args) > 2 and args[0] in ("--notify-fd", "--launch-id", "--result-file", "--result-fd"):
         option, value, args = args[0], args[1], args[2:]
         if option == "--notify-fd":
             notify_fd = int(value)
         elif option == "--launch-id":
             launch_id = value
+        elif option == "--result-fd":
+            result_path = int(value)
         else:
             result_path = value
     if len(args) != 1:
-        usage = "usage: python -m services.controller.agent_runner [--notify-fd N --launch-id ID --result-file P] "
+        usage = "usage: python -m services.controller.agent_runner [--notify-fd N --launch-id ID] [--result-file P] "
         sys.stderr.write(usage + "module:Class\n")
         return LOAD_FAILED
     sys.argv = [sys.argv[0], args[0]]  # what the agent sees: the launch options are ours

@@ -10,6 +10,7 @@
 | --label-selector | AGL_CONTROLLER_LABEL_SELECTOR | none; "k=v,k2=v2" takes only rollouts with these labels |
 | --controller-id | AGL_CONTROLLER_ID | host name; keep it stable across restarts (reconciliation uses it) |
 | --key | AGL_KEY | none; the master key (agents get per-rollout tokens, never this) |
+| --key-file | AGL_KEY_FILE | none; a file holding the master key (instead of --key: not on any command line) |
 | --default-timeout | AGL_CONTROLLER_DEFAULT_TIMEOUT | 3600 s, for rollouts whose config sets none |
 | --metrics-host / -port | AGL_CONTROLLER_METRICS_HOST / _PORT | 0.0.0.0 / 9465 (0: off); also /healthz, /readyz |
 | --lease-ttl | AGL_CONTROLLER_LEASE_TTL | 30 s heartbeat lease; silent that long, its rollouts are taken over |
@@ -23,6 +24,9 @@
 | local: --launcher-preload | AGL_CONTROLLER_LAUNCHER_PRELOAD | none; more modules each launcher imports, "a,b" |
 | local: --launcher-learn / --no-launcher-learn | AGL_CONTROLLER_LAUNCHER_LEARN | on (1); 0 turns it off |
 | local: --launcher-idle | AGL_CONTROLLER_LAUNCHER_IDLE | 600 s without a rollout stops a launcher |
+| local: --agent-sandbox | AGL_CONTROLLER_AGENT_SANDBOX | auto: agents contained where the host allows (on: required) |
+| local: --agent-user | AGL_CONTROLLER_AGENT_USER | none (the controller's uid); NAME, UID or UID:GID agents run as |
+| local: --agent-hide | AGL_CONTROLLER_AGENT_HIDE | none; "a,b": more paths hidden (log dir, key file: always) |
 | k8s: --kubeconfig | AGL_KUBECONFIG | in-cluster config, else ~/.kube/config |
 | k8s: --namespace | AGL_CONTROLLER_NAMESPACE | default |
 | k8s: --max-jobs-per-minute | AGL_CONTROLLER_MAX_JOBS_PER_MINUTE | 120 (0: unlimited) |
@@ -49,6 +53,8 @@ from dataclasses import dataclass, field
 
 from .agent_ca import MODES as AGENT_CA_MODES
 from .agent_ca import SYSTEM_DIR, agent_ca_env
+from .agent_sandbox import AUTO, parse_agent_user
+from .agent_sandbox import MODES as SANDBOX_MODES
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,11 @@ class ControllerConfig:
     # The environment local agents start from (AGL_* removed); never logged.
     agent_base_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     python: str = sys.executable
+    key_file: str = ""
+    # Local agents' containment (agent_sandbox.py): auto, on or off; the (uid, gid) they run as; more hidden paths.
+    agent_sandbox: str = AUTO
+    agent_user: tuple[int, int] | None = None
+    agent_hide: tuple[str, ...] = ()
 
 
 def parse_label_selector(text: str) -> dict[str, str]:
@@ -123,6 +134,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="seconds without a heartbeat after which live controllers take over this one's running rollouts",
     )
     parser.add_argument("--key", default=default("AGL_KEY", ""), help="master key (default: none)")
+    parser.add_argument(
+        "--key-file",
+        default=default("AGL_KEY_FILE", ""),
+        help="a file holding the master key (mode 0600): the key then appears on no command line and in no environment",
+    )
     parser.add_argument(
         "--default-timeout", type=float, default=float(default("AGL_CONTROLLER_DEFAULT_TIMEOUT", "3600"))
     )
@@ -165,6 +181,25 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="launchers import the libraries agents imported lazily, once, for the next agents",
     )
     parser.add_argument("--launcher-idle", type=float, default=float(default("AGL_CONTROLLER_LAUNCHER_IDLE", "600")))
+    parser.add_argument(
+        "--agent-sandbox",
+        choices=SANDBOX_MODES,
+        default=default("AGL_CONTROLLER_AGENT_SANDBOX", AUTO),
+        help="contain local agents (own PID and mount namespaces, no capabilities, the controller's files hidden): "
+        "auto where the host allows it (else one warning), on (else the controller does not start), off",
+    )
+    parser.add_argument(
+        "--agent-user",
+        default=default("AGL_CONTROLLER_AGENT_USER", ""),
+        help="contained local agents run as this user (NAME, UID or UID:GID; the controller must be root); "
+        "default: the controller's uid, without capabilities",
+    )
+    parser.add_argument(
+        "--agent-hide",
+        default=default("AGL_CONTROLLER_AGENT_HIDE", ""),
+        help="more paths hidden from contained local agents, comma-separated (the log directory and the key file "
+        "always are)",
+    )
     parser.add_argument("--kubeconfig", default=default("AGL_KUBECONFIG", ""))
     parser.add_argument("--namespace", default=default("AGL_CONTROLLER_NAMESPACE", "default"))
     parser.add_argument(
@@ -211,8 +246,16 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         parser.error("--template-workers must be between 1 and 64")
     try:
         selector = parse_label_selector(args.label_selector)
+        agent_user = parse_agent_user(args.agent_user)
     except ValueError as err:
         parser.error(str(err))
+    if agent_user is not None and args.agent_sandbox == "off":
+        parser.error("--agent-user needs the sandbox: drop --agent-sandbox off")
+    key = args.key or None
+    if args.key_file:
+        if args.key:
+            parser.error("--key and --key-file are both set (--key or AGL_KEY, --key-file or AGL_KEY_FILE): use one")
+        key = read_key_file(parser, args.key_file)
     return ControllerConfig(
         ledger=args.ledger,
         proxy_url=args.proxy_url,
@@ -221,7 +264,7 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         max_concurrency=args.max_concurrency,
         controller_id=args.controller_id,
         label_selector=selector,
-        key=args.key or None,
+        key=key,
         default_timeout_s=args.default_timeout,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
@@ -246,4 +289,22 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         template_max_bytes=args.template_max_bytes,
         template_workers=args.template_workers,
         agent_base_env=agent_ca_env({k: v for k, v in env.items() if not k.startswith("AGL_")}, args.agent_ca),
+        key_file=os.path.abspath(args.key_file) if args.key_file else "",
+        agent_sandbox=args.agent_sandbox,
+        agent_user=agent_user,
+        agent_hide=tuple(path.strip() for path in args.agent_hide.split(",") if path.strip()),
     )
+
+
+def read_key_file(parser: argparse.ArgumentParser, path: str) -> str:
+    """The master key from its file (one line; surrounding whitespace dropped). Exits with the reason if unusable."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            key = handle.read().strip()
+    except (OSError, UnicodeDecodeError) as err:
+        parser.error(f"--key-file {path}: cannot read it: {err}")
+    if not key:
+        parser.error(f"--key-file {path} is empty")
+    if "\n" in key:
+        parser.error(f"--key-file {path} holds more than one line")
+    return key

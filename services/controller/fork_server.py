@@ -6,8 +6,12 @@ controller's request. Guarantees kept for every child:
 - the launcher has exactly one thread and no event loop when it forks (checked after the imports; a launcher
   that finds more threads says so in its `ready` message and the controller never asks it to fork);
 - the child is the leader of a new session and process group, its stdin is /dev/null, its stdout and stderr
-  go to the rollout's log file, and os.environ is replaced by the rollout's environment before any agent
-  code runs in it; a child dies (SIGKILL) when the launcher dies;
+  go to the rollout's log file (created 0600), and os.environ is replaced by the rollout's environment before any
+  agent code runs in it; a child dies (SIGKILL) when the launcher dies;
+- with --sandbox-* options (the controller's --agent-sandbox), the child contains itself before any agent code
+  runs (sandbox.contain: its own PID and mount namespaces, no capabilities, the controller's files hidden) and
+  stays outside as the relay of the agent's process; the agent writes a returned reward through a file
+  descriptor opened before, since the log directory is hidden from it;
 - when a child exits, whatever is left of its process group is killed before the child is reaped, so the
   group id cannot be reused while it is signalled; the exit code is reported once.
 
@@ -38,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import agent_runner
+from . import agent_runner, sandbox
 from .agent_code import learned_modules, local_files
 from .agent_runner import notify_running, run_agent_in_child
 from .client_warmup import warm_http_clients
@@ -85,8 +89,17 @@ def thread_count() -> int:
 class ForkServer:
     """The launcher's single-threaded loop: control messages in, children forked and reaped, events out."""
 
-    def __init__(self, control: socket.socket, notify_fd: int, module: str, preload: list[str], learn: bool) -> None:
+    def __init__(
+        self,
+        control: socket.socket,
+        notify_fd: int,
+        module: str,
+        preload: list[str],
+        learn: bool,
+        policy: sandbox.Policy | None = None,
+    ) -> None:
         self._control = control
+        self._policy = policy
         self._notify_fd = notify_fd
         self._module = module
         self._preload = preload
@@ -317,7 +330,7 @@ class ForkServer:
             self._control.close()
             for fd in (self._wake_r, self._wake_w, self._learn_r):
                 os.close(fd)
-            out = os.open(launch.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            out = os.open(launch.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             os.write(out, launch.header.encode(errors="replace"))
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
@@ -325,6 +338,11 @@ class ForkServer:
             os.dup2(out, 2)
             os.close(null)
             os.close(out)
+            result: str | int = ""
+            if launch.result:
+                result = os.open(launch.result, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            if self._policy is not None:
+                sandbox.contain(self._policy)  # returns in the contained agent's process
             os.environ.clear()
             os.environ.update(launch.env)
             sys.argv = [agent_runner.__file__, launch.spec]  # as `python -m ...agent_runner spec` has it
@@ -332,7 +350,7 @@ class ForkServer:
             logging.root.setLevel(logging.WARNING)
             before = set(sys.modules)
             notify = lambda: notify_running(self._notify_fd, launch.launch_id)  # noqa: E731
-            code = run_agent_in_child(launch.spec, notify, launch.result)
+            code = run_agent_in_child(launch.spec, notify, result)
             if self._learn:
                 self._report_learned(learned_modules(before))
         except BaseException:
@@ -368,14 +386,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--module", required=True, help="the agent's module, imported once")
     parser.add_argument("--preload", default="", help="more modules to import once, comma-separated")
     parser.add_argument("--no-learn", action="store_true", help="do not preload modules agents import lazily")
+    parser.add_argument("--sandbox", action="store_true", help="contain every child (services.controller.sandbox)")
+    parser.add_argument("--sandbox-hide", action="append", default=[], help="a path hidden from the children")
+    parser.add_argument("--sandbox-uid", type=int, default=None, help="the uid the children run as")
+    parser.add_argument("--sandbox-gid", type=int, default=None, help="the gid the children run as")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    policy = sandbox.Policy(tuple(args.sandbox_hide), args.sandbox_uid, args.sandbox_gid) if args.sandbox else None
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s launcher: %(message)s")
     os.set_inheritable(args.notify_fd, False)  # forked children inherit it; programs they exec do not
     control = socket.socket(fileno=args.control_fd)
     control.set_inheritable(False)
     preload = [name.strip() for name in args.preload.split(",") if name.strip()]
-    server = ForkServer(control, args.notify_fd, args.module, preload, learn=not args.no_learn)
+    server = ForkServer(control, args.notify_fd, args.module, preload, learn=not args.no_learn, policy=policy)
     started = time.process_time()
     server.prepare()
     log.info("imported %s in %.2f s of CPU; serving (pid %d)", args.module, time.process_time() - started, os.getpid())

@@ -4,18 +4,25 @@ Agent classes are forked by a warm launcher of their module (launcher_pool) unle
 --agent-launch fresh or the rollout carries the label `agl-launch: fresh`; those, and commands, start as new
 processes. Either way the agent runs in its own session with the rollout's environment, its timeout kills
 its whole process group (SIGTERM, then SIGKILL after the grace period), and its exit is reported once.
+
+With a sandbox policy (the controller's --agent-sandbox, see sandbox.py) every agent, warm or fresh, runs contained:
+its own PID and mount namespaces (the services, the launchers and other rollouts out of sight; everything it started
+killed when it ends or is killed, `setsid` or not), no capabilities, the log directory and the key file hidden.
+Log files are created 0600 either way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -33,6 +40,7 @@ from .outcome import LAUNCHER_DIED, SPAWN_ERROR, VANISHED, ConfigError, Outcome,
 from .returned_reward import take_returned
 from .runner import LaunchPlan, template_context, timeout_of
 from .running_notices import RunningNotices
+from .sandbox import Policy
 from .warm_launcher import (
     LauncherDied,
     LauncherGone,
@@ -47,6 +55,7 @@ log = logging.getLogger(__name__)
 _TAIL_BYTES = 4096
 _MAX_LAST_LINE = 300
 _HEADER = "=== agl rollout "
+SANDBOX_FILE = str(Path(__file__).with_name("sandbox.py"))
 # Per-rollout switch (a metadata label) between a warm launch and a fresh interpreter for an agent class.
 LAUNCH_LABEL = "agl-launch"
 WARM, FRESH, COMMAND = "warm", "fresh", "command"
@@ -103,6 +112,11 @@ def process_start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
+def _private(path: Path) -> int:
+    """The log file opened for appending, created readable by the controller's user only."""
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+
 def _signal_group(pgid: int, signum: int) -> bool:
     """Sends signum to the process group; False when the group is gone."""
     try:
@@ -137,6 +151,7 @@ class LocalRunner:
         launcher_preload: tuple[str, ...] = (),
         launcher_learn: bool = True,
         launcher_idle_s: float = 600.0,
+        sandbox: Policy | None = None,
     ) -> None:
         if agent_launch not in (WARM, FRESH):
             raise ValueError(f"agent_launch must be {WARM!r} or {FRESH!r}, not {agent_launch!r}")
@@ -151,6 +166,7 @@ class LocalRunner:
         self._metrics = metrics or ControllerMetrics()
         self._agent_launch = agent_launch
         self._launcher_options = (launcher_preload, launcher_learn, launcher_idle_s)
+        self._sandbox = sandbox
         self._notices: RunningNotices | None = None
         self._pool: LauncherPool | None = None
 
@@ -167,6 +183,7 @@ class LocalRunner:
             notify_fd=self._notices.send_fd,
             preload=preload,
             learn=learn,
+            sandbox=self._sandbox,
         )
         self._pool = LauncherPool(settings, self._metrics, idle_s=idle_s)
 
@@ -322,21 +339,31 @@ class LocalRunner:
     async def _run_process(
         self, plan: LaunchPlan, launch: LocalLaunch, launched: Callable[[], None], claimed: float
     ) -> Outcome:
-        argv, pass_fds = launch.argv, ()
+        argv, pass_fds = launch.argv, []
         if launch.mode != COMMAND and self._notices is not None:
             # agent_runner tells when the agent's code runs: python -m RUNNER --notify-fd N --launch-id ID spec
             fd = self._notices.send_fd
             argv = [*argv[:3], "--notify-fd", str(fd), "--launch-id", plan.attempt_id, *argv[3:]]
-            pass_fds = (fd,)
+            pass_fds.append(fd)
             self._expect_running(plan, FRESH, claimed)
-        if launch.result_path is not None:
-            argv = [*argv[:3], "--result-file", str(launch.result_path), *argv[3:]]
         where = f"(log: {launch.log_path})"
-        with open(launch.log_path, "ab") as log_file:
+        missing = self._missing_program(launch)
+        if missing is not None:
+            self._forget(plan)
+            log.warning("rollout %s: spawn error: %s", plan.rollout_id, missing)
+            return Outcome.failure(SPAWN_ERROR, f"spawn error: cannot start {launch.argv[0]!r}: {missing} {where}")
+        result_fd = -1
+        with open(_private(launch.log_path), "ab") as log_file:
             log_file.write(f"{_HEADER}{plan.rollout_id} attempt {plan.attempt_id}: ".encode())
             log_file.write(f"{shlex.join(launch.argv)}\n".encode(errors="replace"))
             log_file.flush()
             try:
+                if launch.result_path is not None:  # opened here: a contained agent cannot open the log directory
+                    result_fd = os.open(launch.result_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                    argv = [*argv[:3], "--result-fd", str(result_fd), *argv[3:]]
+                    pass_fds.append(result_fd)
+                if self._sandbox is not None:
+                    argv = [self._python, "-I", "-S", SANDBOX_FILE, *self._sandbox.args(), "--", *argv]
                 proc = await asyncio.create_subprocess_exec(
                     *argv,
                     stdin=subprocess.DEVNULL,
@@ -349,8 +376,14 @@ class LocalRunner:
                 )
             except (OSError, ValueError) as err:
                 self._forget(plan)
+                if launch.result_path is not None:
+                    with contextlib.suppress(OSError):
+                        launch.result_path.unlink()
                 log.warning("rollout %s: spawn error: %s", plan.rollout_id, err)
                 return Outcome.failure(SPAWN_ERROR, f"spawn error: cannot start {launch.argv[0]!r}: {err} {where}")
+            finally:
+                if result_fd >= 0:
+                    os.close(result_fd)
         self._write_pid(launch.pid_path, proc.pid, plan.attempt_id)
         log.info("rollout %s: attempt %s started as pid %d", plan.rollout_id, plan.attempt_id, proc.pid)
         if launch.mode != COMMAND:
@@ -374,6 +407,21 @@ class LocalRunner:
                 launch.pid_path.unlink()
             returned = take_returned(launch.result_path)
         return self._exit_outcome(plan, launch, returncode, returned)
+
+    def _missing_program(self, launch: LocalLaunch) -> OSError | None:
+        """Why the agent's program cannot be started, looked up as exec would (PATH of its environment, relative to
+        its working directory), or None. Contained, the sandbox starts it: a missing program is still a spawn error."""
+        if self._sandbox is None:
+            return None
+        program = launch.argv[0]
+        if "/" in program:
+            path = Path(self._workdir or ".") / program
+            found = path.is_file() and os.access(path, os.X_OK)
+        else:
+            found = shutil.which(program, path=launch.env.get("PATH", os.defpath)) is not None
+        if found:
+            return None
+        return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
 
     async def _kill_group(self, proc: asyncio.subprocess.Process) -> None:
         """SIGTERM to the group, SIGKILL to whatever is left of it after the grace period."""

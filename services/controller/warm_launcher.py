@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .agent_code import changed
+from .sandbox import Policy
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ class LauncherSettings:
     preload: tuple[str, ...] = ()
     learn: bool = True
     ready_timeout_s: float = 300.0
+    # Every child contains itself under this policy (sandbox.contain) before the agent's code runs; None: not.
+    sandbox: Policy | None = None
 
 
 class WarmLauncher:
@@ -114,6 +117,8 @@ class WarmLauncher:
             argv += ["--preload", ",".join(settings.preload)]
         if not settings.learn:
             argv.append("--no-learn")
+        if settings.sandbox is not None:
+            argv += ["--sandbox", *settings.sandbox.args("--sandbox-")]
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
         try:

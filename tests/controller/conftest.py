@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 import urllib.request
@@ -166,6 +167,36 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(")") + 2] != "Z"
+
+
+def host_pids(pid_file: Path, timeout_s: float = 20.0) -> list[int]:
+    """The host's pids of the processes an agent listed in pid_file (tools.spawn_family), read while they run."""
+    deadline = time.monotonic() + timeout_s
+    while not pid_file.exists():
+        assert time.monotonic() < deadline, f"the agent never wrote {pid_file}"
+        time.sleep(0.05)
+    pids = [int(p) for p in pid_file.read_text().split()]
+    return in_host(Path(f"{pid_file}.ns").read_text(), pids)
+
+
+def in_host(namespace: str, pids: list[int]) -> list[int]:
+    """The host's pids of live processes known by their pids in a PID namespace (`pid:[inode]`, as an agent reads
+    /proc/self/ns/pid): a contained agent lists its own namespace's. Each process's /proc/PID/status on the host
+    (NSpid: its pid in every namespace down to its own) translates them."""
+    if namespace == os.readlink("/proc/self/ns/pid"):
+        return pids
+    inside: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or os.readlink(entry / "ns" / "pid") != namespace:
+                continue
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        nspid = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
+        inside[int(nspid[-1])] = int(entry.name)
+    assert set(pids) <= set(inside), (pids, inside)
+    return [inside[pid] for pid in pids]
 
 
 def metric(text: str, name: str) -> float:

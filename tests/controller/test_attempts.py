@@ -14,7 +14,16 @@ import httpx
 from services._gen.agl.v1 import rollout_pb2
 from services.client import LedgerClient
 from services.controller.job_template import job_name
-from tests.controller.conftest import Stack, agent_command, metric, read_metrics, run_controller, spec, wait_for
+from tests.controller.conftest import (
+    Stack,
+    agent_command,
+    in_host,
+    metric,
+    read_metrics,
+    run_controller,
+    spec,
+    wait_for,
+)
 from tests.controller.k8s_standin import K8sStandin
 from tests.controller.test_k8s import NS, job_spec, k8s_controller, wait_job
 
@@ -40,7 +49,8 @@ async def test_a_killed_attempt_is_retried_and_the_rollout_succeeds_on_attempt_t
         [created] = await ledger.create_rollouts([created_spec])
         rid = created.rollout_id
         first = await wait_file(tmp_path / "first.json")
-        os.kill(first["pid"], signal.SIGKILL)  # the pod's node died, the OOM killer struck: not the agent's answer
+        [pid] = in_host(first["ns"], [first["pid"]])  # a contained agent tells its namespace's pid
+        os.kill(pid, signal.SIGKILL)  # the pod's node died, the OOM killer struck: not the agent's answer
         # While attempt 2 runs, attempt 1's agent (had it survived) can no longer call the model: its token and URL
         # name a superseded attempt.
         deadline = time.monotonic() + 30

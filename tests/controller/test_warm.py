@@ -15,6 +15,7 @@ from services.client import LedgerClient, agent_token
 from tests.controller.conftest import (
     KEY,
     Stack,
+    host_pids,
     metric,
     pid_alive,
     read_metrics,
@@ -93,9 +94,9 @@ async def test_timeout_kills_the_whole_group_and_the_launcher_keeps_serving(
                 )
             ]
         )
+        pids = await asyncio.to_thread(host_pids, pid_file)
         rollout = (await wait_for(ledger, [family.rollout_id]))[family.rollout_id]
         launcher = launcher_of(controller.log_dir, family.rollout_id)
-        pids = [int(p) for p in pid_file.read_text().split()]
         assert await wait_gone(pids) == []
         assert launcher is not None and pid_alive(launcher)
         [after] = await ledger.create_rollouts(
@@ -150,11 +151,9 @@ async def test_a_killed_launcher_fails_its_rollouts_and_is_restarted_without_lau
             + [spec(agent_class=f"{WARM}:FamilyAgent", **family_env)]
         )
         await _wait_marked(marks, 2)
-        while not pid_file.exists():
-            await asyncio.sleep(0.05)
+        family = await asyncio.to_thread(host_pids, pid_file)
         # Two agents, and one with children that ignore SIGTERM and a grandchild, all in their own groups.
         agents = [json.loads((controller.log_dir / f"{r.rollout_id}.pid").read_text())["pid"] for r in hanging]
-        family = [int(p) for p in pid_file.read_text().split()]
         [launcher] = {launcher_of(controller.log_dir, r.rollout_id) for r in hanging}
         assert launcher is not None
         os.kill(launcher, signal.SIGKILL)

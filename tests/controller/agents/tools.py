@@ -26,6 +26,8 @@ def spawn_family(pid_file: str) -> None:
         with contextlib.suppress(OSError):
             grandchildren = [int(p) for p in Path(f"/proc/{shell}/task/{shell}/children").read_text().split()]
     pids = [os.getpid(), *(child.pid for child in children), *grandchildren]
+    # The PID namespace the pids belong to (a contained agent's own): the test maps them to the host's.
+    Path(pid_file + ".ns").write_text(os.readlink("/proc/self/ns/pid"))
     Path(pid_file + ".tmp").write_text(" ".join(map(str, pids)))
     os.replace(pid_file + ".tmp", pid_file)
     time.sleep(600)
@@ -61,7 +63,8 @@ def flaky(directory: str) -> None:
         import json
 
         env = {k: v for k, v in os.environ.items() if k.startswith("AGL_")}
-        Path(f"{first}.tmp").write_text(json.dumps({"pid": os.getpid(), "env": env}))
+        record = {"pid": os.getpid(), "ns": os.readlink("/proc/self/ns/pid"), "env": env}  # the pid is the namespace's
+        Path(f"{first}.tmp").write_text(json.dumps(record))
         os.replace(f"{first}.tmp", first)
         time.sleep(600)
     release = Path(directory) / "release"

@@ -27,7 +27,10 @@ class EnvAgent:
     def run(self) -> None:
         folder = Path(os.environ["OUT_DIR"])
         seen = {k: v for k, v in os.environ.items() if k.startswith("AGL_") or k in ("LEAK", "NAME")}
-        (folder / f"{os.environ['NAME']}.json").write_text(json.dumps({"env": seen, "pid": os.getpid()}))
+        # Which process this is: a contained agent's pid is its own namespace's, whose id a later one may reuse.
+        started = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]
+        process = f"{os.readlink('/proc/self/ns/pid')} {os.getpid()} {started}"
+        (folder / f"{os.environ['NAME']}.json").write_text(json.dumps({"env": seen, "pid": process}))
         deadline = time.monotonic() + 20
         while len(list(folder.glob("*.json"))) < int(os.environ["PEERS"]) and time.monotonic() < deadline:
             time.sleep(0.02)
