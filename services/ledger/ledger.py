@@ -26,13 +26,13 @@ from services._gen.agl.v1 import (
 
 from . import attempts, states
 from .controller_leases import ControllerLeases
-from .errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from .errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from .hub import Change, RolloutFilter, RolloutHub
 from .logs import printable
 from .model_registry import ModelRegistry
 from .paging import page_size, parse_token
 from .proxy_control import ProxyControlState
-from .repeats import Uncommitted, same_event
+from .repeats import Uncommitted, check_repeat
 from .runs import RunBook
 from .store import DELETE_MODEL, DELETE_ROLLOUT, PUT_EVENT, PUT_META, PUT_MODEL, PUT_ROLLOUT, Op, Store
 from .terminal_log import TerminalLog
@@ -427,12 +427,13 @@ class Ledger:
         self.uncommitted.prune(self.store.committed_lsn)
         # An event id given twice in one request: the second is a retry only if it repeats the first unchanged
         # (a request may hold several callers' appends, so this must not depend on whether two were merged).
-        firsts: dict[tuple[str, str], tuple[int, event_pb2.Event]] | None = {} if len(events) > 1 else None
+        firsts: dict[tuple[str, str], event_pb2.Event] | None = {} if len(events) > 1 else None
         for i, event in enumerate(events):
             check_event(event, i)
-            entry = rollouts.get(event.rollout_id)
+            rollout_id = event.rollout_id
+            entry = rollouts.get(rollout_id)
             if entry is None:
-                raise NotFound(f"events[{i}]: rollout {event.rollout_id} not found")
+                raise NotFound(f"events[{i}]: rollout {rollout_id} not found")
             status = entry.rollout.status
             if not allow_terminal and states.is_terminal(status.state):
                 raise FailedPrecondition(
@@ -449,19 +450,16 @@ class Ledger:
                     f"events[{i}]: rollout {event.rollout_id} has no attempt {event.attempt_id!r} "
                     f"(its attempt is {status.attempt_id!r}); events name one of the rollout's attempts or none"
                 )
-            if event.event_id:
-                known = entry.event_ids.get(event.event_id) if entry.event_ids is not None else None
+            event_id = event.event_id
+            if event_id:
+                known = entry.event_ids.get(event_id) if entry.event_ids is not None else None
                 if known is not None:
                     self._check_same(event, known, entry, i)
                 elif firsts is not None:
-                    first_index, first = firsts.setdefault((event.rollout_id, event.event_id), (i, event))
-                    filed_under = status.attempt_id or attempts.latest(status)  # an empty attempt id's meaning
-                    if first is not event and not same_event(first, event, filed_under):
-                        raise AlreadyExists(
-                            f"events[{i}]: event_id {event.event_id!r} of rollout {event.rollout_id} is also "
-                            f"events[{first_index}] of this request, with different content; a retry must repeat "
-                            "the event unchanged"
-                        )
+                    first = firsts.setdefault((rollout_id, event_id), event)
+                    if first is not event:  # repeated within this request
+                        where = f"is also events[{next(k for k, e in enumerate(events) if e is first)}] of this request"
+                        check_repeat(first, event, status.attempt_id or attempts.latest(status), where, i)
         seconds, nanos = divmod(time.time_ns(), 1_000_000_000)
         sequences: list[int] = []
         attempt_ids: list[str] = []
@@ -509,11 +507,7 @@ class Ledger:
             if not rows or rows[0][0] != seq:
                 return
             stored = event_pb2.Event.FromString(rows[0][1])
-        if not same_event(stored, event, attempt):
-            raise AlreadyExists(
-                f"events[{index}]: event_id {event.event_id!r} of rollout {event.rollout_id} was appended before "
-                f"(sequence {seq}) with different content; a retry must repeat the event unchanged"
-            )
+        check_repeat(stored, event, attempt, f"was appended before (sequence {seq})", index)
 
     async def list_events(
         self, rollout_id: str, attempt_id: str, event_type: str, view: int, size: int, token: str

@@ -11,6 +11,8 @@ import collections
 
 from services._gen.agl.v1 import event_pb2
 
+from .errors import AlreadyExists
+
 
 def same_event(first: event_pb2.Event, event: event_pb2.Event, attempt_id: str) -> bool:
     """Whether `event` repeats `first`: what the ledger stamps (sequence, time) is not compared, and an empty
@@ -26,6 +28,16 @@ def same_event(first: event_pb2.Event, event: event_pb2.Event, attempt_id: str) 
         copy.ClearField("create_time")
         copies.append(copy)
     return copies[0] == copies[1]
+
+
+def check_repeat(first: event_pb2.Event, event: event_pb2.Event, attempt_id: str, where: str, index: int) -> None:
+    """Raise AlreadyExists, for events[`index`] of a request, unless `event` repeats `first` (`where` says where
+    `first` is: stored before, or earlier in the request)."""
+    if not same_event(first, event, attempt_id):
+        raise AlreadyExists(
+            f"events[{index}]: event_id {event.event_id!r} of rollout {event.rollout_id} {where} with different "
+            "content; a retry must repeat the event unchanged"
+        )
 
 
 class Uncommitted:
