@@ -99,29 +99,32 @@ async def test_one_event_id_posted_twice_at_once_with_other_content_is_refused_t
     assert [e.data_json for e in await client.list_events(rid)] == ['{"a": 1}', '{"c": 1}']
 
 
-async def test_every_kind_of_refusal_in_a_merge_reaches_only_its_sender(client: LedgerClient, uid: str):
-    """Each per-event refusal the ledger makes (bad JSON, an unknown rollout, a finished one, an unknown attempt,
-    an over-long event id, a reused event id), all in one merge with well-behaved callers."""
+KINDS = ("bad_json", "no_rollout", "finished", "no_attempt", "long_id", "reused_id")
+
+
+@pytest.mark.parametrize("first", KINDS)
+async def test_every_kind_of_refusal_in_a_merge_reaches_only_its_sender(client: LedgerClient, uid: str, first: str):
+    """Each per-event refusal the ledger makes, all in one merge with well-behaved callers; `first` is the one queued
+    first, whose status the merged request is refused with (the ledger stops at the first bad event)."""
     good = [f"{uid}-good-{i}" for i in range(6)]
     done, reused = f"{uid}-done", f"{uid}-reused"
     await _running(client, done, reused, *good)
     await client.update_status(done, SUCCEEDED)
     await client.append_events([_note(reused, "{}", "id")])
-    bad_calls = {
-        grpc.StatusCode.INVALID_ARGUMENT: [custom(good[0], "{not json")],
-        grpc.StatusCode.NOT_FOUND: [reward(f"{uid}-missing", 1.0)],
-        grpc.StatusCode.FAILED_PRECONDITION: [reward(done, 1.0)],
-        grpc.StatusCode.ALREADY_EXISTS: [_note(reused, "[]", "id")],
+    bad = {
+        "bad_json": (grpc.StatusCode.INVALID_ARGUMENT, custom(good[0], "{not json")),
+        "no_rollout": (grpc.StatusCode.NOT_FOUND, reward(f"{uid}-missing", 1.0)),
+        "finished": (grpc.StatusCode.FAILED_PRECONDITION, reward(done, 1.0)),
+        "no_attempt": (grpc.StatusCode.NOT_FOUND, reward(good[1], 1.0, attempt_id="never")),
+        "long_id": (grpc.StatusCode.INVALID_ARGUMENT, _note(good[2], "{}", "x" * 300)),
+        "reused_id": (grpc.StatusCode.ALREADY_EXISTS, _note(reused, "[]", "id")),
     }
-    unknown_attempt = reward(good[1], 1.0, attempt_id="never")
-    long_id = _note(good[2], "{}", "x" * 300)
-    calls = [client.append_events(events) for events in bad_calls.values()]
-    calls += [client.append_events([unknown_attempt]), client.append_events([long_id])]
+    order = [first, *(kind for kind in KINDS if kind != first)]
+    calls = [client.append_events([bad[kind][1]]) for kind in order]
     calls += [client.append_events([reward(rid, 5.0)]) for rid in good]
     results = await asyncio.gather(*calls, return_exceptions=True)
-    codes = [*bad_calls, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT]
-    for code, error in zip(codes, results[:6], strict=True):
-        assert isinstance(error, grpc.aio.AioRpcError) and error.code() == code, (code, error)
-    assert [list(r.sequences) for r in results[6:]] == [[1]] * 6
+    for kind, error in zip(order, results[: len(order)], strict=True):
+        assert isinstance(error, grpc.aio.AioRpcError) and error.code() == bad[kind][0], (kind, error)
+    assert [list(r.sequences) for r in results[len(order) :]] == [[1]] * 6
     for rid in good:
         assert await _values(client, rid) == [5.0]
