@@ -32,7 +32,6 @@ from __future__ import annotations
 import _signal as signal
 import ctypes
 import os
-import select
 import sys
 
 CLONE_NEWNS = 0x00020000
@@ -129,7 +128,7 @@ def contain(policy: Policy) -> None:
         _write("/proc/self/uid_map", f"{uid} {uid} 1")
         _write("/proc/self/setgroups", "deny")
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
-    host_last_pid = _host_last_pid() if os.geteuid() == 0 else None  # read here: the init sees its own namespace's
+    pid_max = _pid_max() if os.geteuid() == 0 else None
     status_r, status_w = os.pipe()
     alive_r, alive_w = os.pipe()
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
@@ -137,10 +136,11 @@ def contain(policy: Policy) -> None:
     if init:
         os.close(status_w)
         os.close(alive_r)
+        os.write(alive_w, f"{init}\n".encode())  # the init's pid on the host: the agent's is likely the next one
         _relay(init, status_r)
     os.close(status_r)
     os.close(alive_w)
-    _init(policy, status_w, alive_r, host_last_pid)
+    _init(policy, status_w, alive_r, pid_max)
 
 
 def _relay(init: int, status_r: int) -> None:
@@ -180,19 +180,21 @@ def _end_like(status: int) -> None:
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else SETUP_FAILED)
 
 
-def _init(policy: Policy, status_w: int, alive_r: int, host_last_pid: tuple[int, int] | None) -> None:
+def _init(policy: Policy, status_w: int, alive_r: int, pid_max: int | None) -> None:
     """PID 1 of the new namespace: sets up the mounts, forks the agent, reaps, passes signals on."""
     try:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, "prctl(PR_SET_PDEATHSIG)")
-        if select.select([alive_r], [], [], 0)[0]:  # the relay died before the death signal was armed
+        told = os.read(alive_r, 32)  # the relay's word (our pid on the host), or end of file: it died before the
+        if not told:  # death signal was armed
             os._exit(SETUP_FAILED)
+        host_pid = (int(told), pid_max) if pid_max is not None else None
         os.setsid()  # out of the relay's process group: a signal to the group reaches us once, through the relay
         _check(_libc().unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _mount(None, "/", None, MS_REC | MS_PRIVATE)
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         for path in policy.hide:
             _hide(path)
-        agent = _fork_agent(host_last_pid)
+        agent = _fork_agent(host_pid)
     except BaseException as err:
         sys.stderr.write(f"agl sandbox: cannot contain the agent: {err}\n")
         sys.stderr.flush()
@@ -223,11 +225,10 @@ def _init(policy: Policy, status_w: int, alive_r: int, host_last_pid: tuple[int,
             os._exit(0)  # the kernel kills whatever is left in the namespace
 
 
-def _host_last_pid() -> tuple[int, int] | None:
-    """The host's last allocated pid and pid_max, where the kernel says (None: the agent's pids will differ)."""
+def _pid_max() -> int | None:
     try:
-        with open("/proc/sys/kernel/ns_last_pid") as last, open("/proc/sys/kernel/pid_max") as most:
-            return int(last.read()), int(most.read())
+        with open("/proc/sys/kernel/pid_max") as handle:
+            return int(handle.read())
     except (OSError, ValueError):
         return None
 
@@ -253,18 +254,20 @@ _SYS_CLONE3 = 435  # the same number on every architecture that has clone3
 _SIGCHLD = 17
 
 
-def _fork_agent(host_last_pid: tuple[int, int] | None) -> int:
+def _fork_agent(host_pid: tuple[int, int] | None) -> int:
     """os.fork(), except that where the kernel lets the init choose (a root controller on x86-64 Linux 5.5+: clone3
     with set_tid) the agent's pid in its namespace is also its pid on the host: a pid the agent reports (a pid file, a
-    log line) names it on the host too. Its own children's pids are its namespace's only."""
-    if host_last_pid is None or os.uname().machine != "x86_64":
+    log line) names it on the host too. Its own children's pids are its namespace's only.
+
+    host_pid is (the init's pid on the host, pid_max): the pids after the init's are tried, as the kernel would hand
+    them out; one taken meanwhile costs a refused clone (the address space is copied before the pid is checked)."""
+    if host_pid is None or os.uname().machine != "x86_64":
         return os.fork()
-    last, pid_max = host_last_pid
+    candidate, pid_max = host_pid
     python = ctypes.pythonapi
     syscall = ctypes.PyDLL(None, use_errno=True).syscall  # PyDLL: the GIL stays held, as os.fork holds it
     syscall.restype = ctypes.c_long
-    candidate = last
-    for _ in range(64):
+    for _ in range(8):
         candidate = candidate + 1 if candidate + 1 < pid_max else 301  # the kernel's own wrap (RESERVED_PIDS)
         tids = (ctypes.c_int32 * 2)(candidate, candidate)  # in the new namespace, then on the host
         args = _CloneArgs(exit_signal=_SIGCHLD, set_tid=ctypes.addressof(tids), set_tid_size=2)
