@@ -8,9 +8,11 @@ controller's request. Guarantees kept for every child:
 - the child is the leader of a new session and process group, its stdin is /dev/null, its stdout and stderr
   go to the rollout's log file (created 0600), and os.environ is replaced by the rollout's environment before any
   agent code runs in it; a child dies (SIGKILL) when the launcher dies;
-- with --sandbox-* options (the controller's --agent-sandbox), the child contains itself before any agent code
-  runs (sandbox.contain: its own PID and mount namespaces, no capabilities, the controller's files hidden) and
-  stays outside as the relay of the agent's process; the agent writes a returned reward through a file
+- with --sandbox (the controller's --agent-sandbox), the agent is contained before any of its code runs (its own
+  PID and mount namespaces, no capabilities, the controller's files hidden; see sandbox.py). A root launcher forks
+  the child straight into a new PID namespace, whose init it becomes (sandbox.NamespaceFork, become_init): the
+  launcher reaps the init and reports the agent's own wait status, which the init wrote to a pipe. Otherwise the
+  child calls sandbox.contain() and stays outside as the relay. The agent writes a returned reward through a file
   descriptor opened before, since the log directory is hidden from it;
 - when a child exits, whatever is left of its process group is killed before the child is reaped, so the
   group id cannot be reused while it is signalled; the exit code is reported once.
@@ -100,6 +102,9 @@ class ForkServer:
     ) -> None:
         self._control = control
         self._policy = policy
+        # As root, children are forked straight into their own PID namespace (no relay process); else contain().
+        self._ns_fork = sandbox.NamespaceFork() if policy is not None and os.geteuid() == 0 else None
+        self._status: dict[int, int] = {}  # child pid -> read end of its init's status pipe (NamespaceFork)
         self._notify_fd = notify_fd
         self._module = module
         self._preload = preload
@@ -218,14 +223,20 @@ class ForkServer:
         self._flush()
         sys.stdout.flush()
         sys.stderr.flush()
+        status = -1
         try:
-            pid = os.fork()
+            if self._ns_fork is not None:
+                pid, status = self._ns_fork.fork()
+            else:
+                pid = os.fork()
         except OSError as err:
             self._send({"ev": "refused", "id": launch.launch_id, "reason": f"fork failed: {err}"})
             return
         if pid == 0:
-            self._child(launch)  # never returns
+            self._child(launch, status)  # never returns
         self._children[pid] = launch.launch_id
+        if status >= 0:
+            self._status[pid] = status
         self._send({"ev": "started", "id": launch.launch_id, "pid": pid})
 
     def _signal(self, launch_id: str, signum: int) -> None:
@@ -251,6 +262,12 @@ class ForkServer:
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
             _, status = os.waitpid(pid, 0)
+            told = self._status.pop(pid, -1)
+            if told >= 0:  # the child was its namespace's init: the agent's own status, when it saw it end
+                os.set_blocking(told, False)
+                with contextlib.suppress(OSError):
+                    status = int(os.read(told, 64) or status)
+                os.close(told)
             launch_id = self._children.pop(pid, None)
             if launch_id is not None:
                 self._send({"ev": "exited", "id": launch_id, "code": os.waitstatus_to_exitcode(status)})
@@ -316,14 +333,19 @@ class ForkServer:
 
     # -- the child ---------------------------------------------------------------------------------------------
 
-    def _child(self, launch: Launch) -> None:
-        """Runs in the forked child: isolate, redirect, replace the environment, run the agent, exit."""
+    def _child(self, launch: Launch, status_w: int = -1) -> None:
+        """Runs in the forked child: isolate, redirect, replace the environment, run the agent, exit.
+
+        status_w >= 0: the child is PID 1 of its own namespace (NamespaceFork) and becomes the agent's init."""
         code = 127
         try:
             os.setsid()
             self._set_pdeathsig()
-            if os.getppid() != self._pid:  # the launcher died before the death signal was armed
+            # The launcher died before the death signal was armed (in a new namespace the parent's pid reads 0).
+            if sandbox.NamespaceFork.parent_gone(status_w) if status_w >= 0 else os.getppid() != self._pid:
                 os._exit(code)
+            for fd in self._status.values():  # the other children's status pipes
+                os.close(fd)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             self._selector.close()
@@ -341,7 +363,10 @@ class ForkServer:
             result: str | int = ""
             if launch.result:
                 result = os.open(launch.result, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            if self._policy is not None:
+            if self._ns_fork is not None and self._policy is not None:
+                host_pid = sandbox.NamespaceFork.host_pid(self._ns_fork.pid_max)
+                sandbox.become_init(self._policy, status_w, host_pid)  # returns in the contained agent's process
+            elif self._policy is not None:
                 sandbox.contain(self._policy)  # returns in the contained agent's process
             os.environ.clear()
             os.environ.update(launch.env)

@@ -181,14 +181,27 @@ def _end_like(status: int) -> None:
 
 
 def _init(policy: Policy, status_w: int, alive_r: int, pid_max: int | None) -> None:
-    """PID 1 of the new namespace: sets up the mounts, forks the agent, reaps, passes signals on."""
+    """The relay's child, PID 1 of the new namespace."""
     try:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, "prctl(PR_SET_PDEATHSIG)")
         told = os.read(alive_r, 32)  # the relay's word (our pid on the host), or end of file: it died before the
         if not told:  # death signal was armed
             os._exit(SETUP_FAILED)
-        host_pid = (int(told), pid_max) if pid_max is not None else None
+        os.close(alive_r)
         os.setsid()  # out of the relay's process group: a signal to the group reaches us once, through the relay
+    except BaseException as err:
+        sys.stderr.write(f"agl sandbox: cannot contain the agent: {err}\n")
+        sys.stderr.flush()
+        os._exit(SETUP_FAILED)
+    become_init(policy, status_w, (int(told), pid_max) if pid_max is not None else None)
+
+
+def become_init(policy: Policy, status_w: int, host_pid: tuple[int, int] | None) -> None:
+    """In PID 1 of a new namespace (FORWARDED signals blocked): mounts /proc and the hiding mounts, forks the agent,
+    then reaps and passes signals on until the agent's process ends, writes its wait status to status_w and exits
+    (the kernel kills whatever is left). Returns in the agent's process only, in its own session, without
+    capabilities. host_pid: (this init's pid on the host, pid_max), to give the agent the same pid on both."""
+    try:
         _check(_libc().unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _mount(None, "/", None, MS_REC | MS_PRIVATE)
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -201,16 +214,16 @@ def _init(policy: Policy, status_w: int, alive_r: int, pid_max: int | None) -> N
         os._exit(SETUP_FAILED)
     if agent == 0:
         os.close(status_w)
-        os.close(alive_r)
         for signum in FORWARDED:  # as an interpreter starts: SIGINT raises KeyboardInterrupt, the rest kill
             signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
         try:
+            os.setsid()  # a signal to the init's group reaches the agent once, passed on by the init
             _drop_privileges(policy)
         except BaseException as err:
             sys.stderr.write(f"agl sandbox: cannot drop the agent's privileges: {err}\n")
             sys.stderr.flush()
             os._exit(SETUP_FAILED)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
         return
     for signum in FORWARDED:
         signal.signal(signum, _pass_on)
@@ -223,6 +236,63 @@ def _init(policy: Policy, status_w: int, alive_r: int, pid_max: int | None) -> N
         if pid == agent:
             os.write(status_w, str(status).encode())
             os._exit(0)  # the kernel kills whatever is left in the namespace
+
+
+class NamespaceFork:
+    """fork() straight into a new PID namespace, for a root warm launcher: the child is the namespace's init (it
+    calls become_init), so no relay process (and no copy of the launcher's address space) is needed. The
+    launcher reaps the init and reads the agent's wait status from the pipe it gets with the pid."""
+
+    def __init__(self) -> None:
+        self._own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        self.pid_max = _pid_max()
+
+    def fork(self) -> tuple[int, int]:
+        """(pid, read end of the status pipe) in the launcher; (0, write end) in the child. FORWARDED signals stay
+        blocked in the child until become_init() has its handlers. Raises OSError (nothing forked)."""
+        status_r, status_w = os.pipe()
+        try:
+            _check(_libc().unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+        except OSError:
+            os.close(status_r)
+            os.close(status_w)
+            raise
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+        pid = -1
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(status_r)
+            os.close(status_w)
+            raise
+        finally:
+            if pid != 0:  # the launcher (or a failed fork): its next child is in its own namespace again
+                _check(_libc().setns(self._own, CLONE_NEWPID), "setns(own PID namespace)")
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        if pid == 0:
+            os.close(status_r)
+            os.close(self._own)
+            return 0, status_w
+        os.close(status_w)
+        return pid, status_r
+
+    @staticmethod
+    def parent_gone(status_w: int) -> bool:
+        """In the child: whether the launcher died (its read end of the status pipe is closed)."""
+        import select
+
+        poller = select.poll()
+        poller.register(status_w, select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+
+    @staticmethod
+    def host_pid(pid_max: int | None) -> tuple[int, int] | None:
+        """In the child, before become_init() mounts its own /proc: (its pid on the host, pid_max)."""
+        if pid_max is None:
+            return None
+        with open("/proc/self/status") as handle:  # still the host's /proc: NSpid is "host-pid 1"
+            nspid = next(line.split() for line in handle if line.startswith("NSpid:"))
+        return int(nspid[1]), pid_max
 
 
 def _pid_max() -> int | None:
