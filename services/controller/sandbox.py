@@ -16,6 +16,10 @@ and guarantees, on Linux:
   privileges through a setuid program; with `policy.user` it also runs as that uid and gid, without supplementary
   groups.
 
+A root warm launcher skips the relay: NamespaceFork forks its child straight into a new PID namespace, the child
+calls become_init(), and the launcher reads the agent's wait status from the init's pipe when it reaps the init.
+As root the agent's pid in its namespace is also its pid on the host (clone3 with set_tid).
+
 The process that calls contain() stays outside as the relay the launcher or the controller knows: it forwards
 SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the init, which passes them on to every process of the
 namespace, and it ends the way the agent's process ended (its exit code, or killed by the same signal). When the
