@@ -195,3 +195,21 @@ def test_on_refuses_to_start_where_agents_cannot_be_contained(tmp_path: Path) ->
     assert contained is None and "could not run" in reason
     assert agent_sandbox.resolve(agent_sandbox.OFF, policy) == (None, "")
     assert agent_sandbox.resolve(agent_sandbox.AUTO, policy) == (policy, "")  # this host (CI runs as root) can
+
+
+async def test_an_agent_working_in_the_log_directory_sees_it_empty(
+    stack: Stack, ledger: LedgerClient, tmp_path: Path
+) -> None:
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    (log_dir / "other-rollout.log").write_text("another rollout's secret\n")
+    args = ["--workdir", str(log_dir)]
+    with run_controller(stack, tmp_path, log_dir=log_dir, args=args) as controller:
+        [created] = await ledger.create_rollouts(
+            [attacker("command", {"ATTACK": "peek", "PEEK_PATH": "other-rollout.log"})]
+        )
+        rollout = (await wait_for(ledger, [created.rollout_id]))[created.rollout_id]
+        log_path = controller.log_dir / f"{created.rollout_id}.log"
+        assert rollout.status.state == SUCCEEDED, (rollout.status.error_message, log_path.read_text())
+        found = report(log_path)
+    assert not found["read"]
