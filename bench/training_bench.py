@@ -8,8 +8,13 @@ once learning, once with lr=0 as the control. Reports, from the trainer's own pe
                     gap on the rows sampled after each push (target <= 1e-4)
   learning          held-out greedy accuracy before and after, learning run vs control
                     (target: +0.10 absolute within 150 steps, and above the control)
+  multi-turn        (--agent calc: the calc agent's tool calls, 2-digit products) held-out tool-call rate before
+                    and after, trajectory breaks and segments per rollout over the run (target: 0 breaks),
+                    unparsed tool calls, masked context tokens per row, turns per rollout
+                    (target: held-out accuracy +0.15 within 100 steps, above the control)
 
     .venv/bin/python bench/training_bench.py [--steps 150] [--lr 1e-4] [--skip-control]
+    .venv/bin/python bench/training_bench.py --agent calc --steps 100
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ def figures(metrics_path: Path) -> dict[str, Any]:
         return statistics.median(values) if values else None
 
     vals = [(r["step"], r["data"]["val/agl/reward_mean"]) for r in records if "val/agl/reward_mean" in r["data"]]
+    rates = [
+        (r["step"], r["data"]["val/agl/tools/call_rate"]) for r in records if "val/agl/tools/call_rate" in r["data"]
+    ]
     seconds = sorted(series("agl/step/seconds"))
     return {
         "steps": len(steps),
@@ -67,6 +75,15 @@ def figures(metrics_path: Path) -> dict[str, Any]:
         "accuracy_after": vals[-1][1] if vals else None,
         "reward_first_10": statistics.mean(series("agl/reward/mean")[:10]) if steps else None,
         "reward_last_10": statistics.mean(series("agl/reward/mean")[-10:]) if steps else None,
+        "tool_call_rate_by_step": rates,
+        "train_tool_call_rate_first_10": statistics.mean(series("agl/tools/call_rate")[:10]) if steps else None,
+        "train_tool_call_rate_last_10": statistics.mean(series("agl/tools/call_rate")[-10:]) if steps else None,
+        "trajectory_breaks_total": sum(series("agl/data/trajectory_breaks")),
+        "segments_per_rollout_max": max(series("agl/data/segments_per_rollout"), default=None),
+        "unparsed_tool_calls_total": sum(series("agl/tools/unparsed_calls")),
+        "context_tokens_per_row_median": med("agl/data/context_tokens_per_row"),
+        "turns_per_rollout_median": med("agl/turns/mean"),
+        "rollouts_per_step_median": med("agl/data/rollouts"),
     }
 
 

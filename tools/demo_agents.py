@@ -83,7 +83,7 @@ def _calc_tools() -> list[dict[str, Any]]:
 
 
 # The share of warm-start tasks solved with the tool: the starting policy calls it about this often.
-CALC_TOOL_SHARE = 0.5
+CALC_TOOL_SHARE = 0.3
 
 AGENTS = {
     "math": DemoAgent(

@@ -161,7 +161,10 @@ def build_tiny_model(
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
-    model.generation_config.eos_token_id = eos_id
+    # A turn also ends at a tool call's closing marker: text after it is dropped by the engine's tool-call parser,
+    # so it could never be rendered back into the history (the next prompt would not continue the row). Stopping
+    # there keeps every tool-call turn a pure append (its <|im_end|> comes back as context).
+    model.generation_config.eos_token_id = [eos_id, tokenizer.convert_tokens_to_ids(TOOL_CALL_END)]
     model.save_pretrained(out, safe_serialization=True)
     params = sum(p.numel() for p in model.parameters())
     recipe = {

@@ -29,7 +29,7 @@ from .recording import ERROR, INCOMPLETE, OK, CallRecord, model_request_event
 from .rewrite import CHAT, RewriteSettings, dumps, loads_lenient, parse_body, rewrite, validate
 from .routing import Endpoint, RoutingTable
 from .sse import DONE, SSESplitter
-from .tool_calls import offered_tool_names, tool_call_stats
+from .tool_calls import missing_parser_message, offered_tool_names, tool_call_stats
 from .translation import Dialect, StreamTranslator
 from .upstream import Upstream, close_response
 
@@ -138,6 +138,9 @@ class ModelCalls:
                 status,
                 capture,
             )
+            hint = missing_parser_message(response.status_code, content) if call.offered_tools is not None else None
+            if hint is not None:
+                raise ProxyError("engine_has_no_tool_parser", hint)
             if dialect is not None:
                 return _translated_reply(dialect, agent_body, response.status_code, content, status)
             headers = {"content-type": response.headers.get("content-type", "application/json")}

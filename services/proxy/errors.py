@@ -14,6 +14,7 @@ log = logging.getLogger(__name__)
 ERROR_TABLE: dict[str, tuple[int, str]] = {
     "invalid_json": (400, "invalid_request_error"),
     "invalid_request": (400, "invalid_request_error"),
+    "engine_has_no_tool_parser": (400, "invalid_request_error"),
     "unauthorized": (401, "authentication_error"),
     "not_found": (404, "not_found_error"),
     "rollout_not_found": (404, "not_found_error"),

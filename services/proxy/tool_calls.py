@@ -76,3 +76,24 @@ def tool_call_stats(offered: frozenset[str] | None, content: str | None, calls: 
         "unknown_tool_calls": unknown,
         "invalid_argument_calls": invalid,
     }
+
+
+_PARSER_FLAG = b"--tool-call-parser"
+
+
+def missing_parser_message(status: int, content: bytes) -> str | None:
+    """The agent's error for an engine that refused a request offering tools because it has no tool-call parser
+    (vLLM answers 400 naming --tool-call-parser), naming the flag of each engine AGL users start; else None."""
+    if status != 400 or _PARSER_FLAG not in content:
+        return None
+    engine_said = content.decode("utf-8", "replace")
+    try:
+        engine_said = str(json.loads(engine_said)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    return (
+        "The engine cannot answer a request that offers `tools`: it was started without a tool-call parser. Start "
+        "it with one: `agl-engine --tool-call-parser hermes` (AGL_ENGINE_TOOL_CALL_PARSER; the default), or vLLM "
+        f"with `--enable-auto-tool-choice --tool-call-parser NAME` for the model's format. The engine said: "
+        f"{engine_said[:300]}"
+    )

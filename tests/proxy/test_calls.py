@@ -163,6 +163,10 @@ async def test_tool_call_round_trip(proxy: Http, client, stream: bool) -> None:
     assert answer.choices[0].message.content == "The answer is 144."
     first, second = await calls_of(client, rollout_id)
     assert first.finish_reason == "tool_calls" and first.stream == stream and first.response_token_ids
+    # The proxy counted what became of the model's tool calls (one parsed, of the one tool offered).
+    counts = (first.tool_calls.offered_tools, first.tool_calls.parsed_calls, first.tool_calls.unparsed_calls)
+    assert counts == (1, 1, 0)
+    assert (second.tool_calls.offered_tools, second.tool_calls.parsed_calls) == (1, 0)
     assembled_calls = json.loads(first.response_json)["choices"][0]["message"]["tool_calls"]
     assert json.loads(assembled_calls[0]["function"]["arguments"]) == {"expression": "12 * 12"}
     assert json.loads(second.request_json)["messages"][-1]["content"] == "144"

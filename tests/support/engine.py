@@ -160,6 +160,36 @@ def cpu_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         yield engine
 
 
+def build_calc_model(directory: Path, *, tool_share: float = 0.8, steps: int = 150) -> Path:
+    """A tiny model for the calc agent (examples/calc_agent): its tokenizer learned from the calculator prompts and
+    calls, warm-started on the transcripts of a dozen tasks, most of them solved with the tool. It calls the
+    tool most of the time and is sometimes right: what the tool-call and multi-turn training tests need."""
+    from examples.calc_agent.tasks import TOOLS, make_tasks, tokenizer_corpus, warm_start_examples
+    from services.engine.tiny_model import build_tiny_model
+    from services.engine.warm_start import warm_start
+
+    tasks = make_tasks(12, seed=11)
+    build_tiny_model(directory, corpus=tokenizer_corpus(tasks))
+    examples = warm_start_examples(tasks, tool_share=tool_share, seed=0)
+    warm_start(directory, examples, steps=steps, batch_size=16, lr=2e-3, tools=TOOLS)
+    return Path(directory)
+
+
+CALC_TASKS_SEED = 11  # the tasks build_calc_model warm-starts on: make_tasks(12, seed=CALC_TASKS_SEED)
+
+
+@pytest.fixture(scope="session")
+def calc_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """A second CPU engine, serving the calc agent's tiny model (build_calc_model) with the hermes tool-call
+    parser (the engine's default): tools offered, calls parsed, one session-wide start."""
+    require_engine_venv()
+    root = tmp_path_factory.mktemp("calc-engine")
+    model_dir = build_calc_model(root / "model")
+    with run_engine(model_dir, log_dir=root) as engine:
+        chat(engine, "warm up")
+        yield engine
+
+
 def chat(engine: Engine, content: str, **body: Any) -> dict[str, Any]:
     """One chat completion straight to the engine, with token ids and log-probs returned."""
     request = {

@@ -26,6 +26,7 @@ AGENT = "tests.trainer.agents:ParityAgent"
 class Stack:
     ledger: str
     root: Path
+    proxy_url: str = ""
 
     def client(self) -> LedgerClient:
         return LedgerClient(self.ledger, key=KEY)
@@ -48,7 +49,7 @@ def start(root: Path, engine: Engine) -> Iterator[Stack]:
 
         asyncio.run(register())
         try:
-            yield Stack(ledger, root)
+            yield Stack(ledger, root, proxy_url="http://" + running["proxy"].address(8080))
         finally:
             # Other tests share the session's engine: give it back its starting weights.
             engine.restore_base_weights()

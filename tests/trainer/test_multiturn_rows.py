@@ -16,7 +16,7 @@ import torch
 from examples.calc_agent.agent import CALCULATOR_TOOL, SYSTEM_PROMPT
 from examples.calc_agent.tasks import tool_call_text
 from services._gen.agl.v1 import event_pb2
-from services.engine.tiny_model import EOS_TOKEN, REASONING_STRIPPING_CHAT_TEMPLATE, build_tokenizer
+from services.engine.tiny_model import EOS_TOKEN, REASONING_STRIPPING_CHAT_TEMPLATE, TOOL_CALL_END, build_tokenizer
 from services.trainer.adapter import DataPathSettings, build_training_batch
 from services.trainer.advantage import rollout_advantages
 from services.trainer.aggregation import TRAJECTORY_BREAKS, rows_from_trace
@@ -40,8 +40,10 @@ def prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[Any] 
 
 
 def sampled(tokenizer: Any, text: str) -> list[int]:
-    """The tokens an engine samples for `text`, ending with the EOS it stops on."""
-    return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids(EOS_TOKEN)]
+    """The tokens an engine samples for `text`, ending with the token it stops on: the EOS, or for a tool call the
+    call's closing marker (the tiny model's second stop token), which `text` then ends with."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids if text.endswith(TOOL_CALL_END) else [*ids, tokenizer.convert_tokens_to_ids(EOS_TOKEN)]
 
 
 def logprobs_for(tokens: list[int], base: float) -> list[float]:
@@ -99,7 +101,8 @@ def test_tool_call_turns_are_one_exact_row_with_the_tool_result_masked(tokenizer
     # The template renders the call the model made back into exactly the tokens it sampled.
     assert p2[: len(p1) + len(r1)] == p1 + r1
     context = p2[len(p1) + len(r1) :]
-    assert tokenizer.decode(context) == "<|im_start|>t:3108<|im_end|><|im_start|>a:"
+    # The call's turn is closed by the template, then the tool's result: context, masked.
+    assert tokenizer.decode(context) == "<|im_end|><|im_start|>t:3108<|im_end|><|im_start|>a:"
 
     counts: Counter[str] = Counter()
     (row,) = rows_from_trace(trace, "trajectory", max_prompt_length=512, max_response_length=512, counts=counts)

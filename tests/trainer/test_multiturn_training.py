@@ -1,0 +1,94 @@
+"""Three training steps of the unmodified calc agent (tool calls, tool results, answers) on CPU: `agl-trainer
+placement=cpu` against the real ledger, proxy and controller and the session's calc engine (vLLM CPU with the
+hermes tool-call parser). Rows are whole trajectories: each merges a rollout's turns with the tool results masked,
+no call breaks its rollout's row, the engine's log-probs equal the trainer's on them, and the weights change."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deploy import local_stack
+from examples.calc_agent.tasks import make_tasks
+from tests.support.engine import CALC_TASKS_SEED, Engine
+from tests.trainer import cpu_stack
+from tests.trainer.cpu_stack import KEY, MODEL, Stack, TrainerRun, max_weight_change
+
+pytestmark = [pytest.mark.trainer, pytest.mark.timeout(900)]
+
+TRAINER = Path(sys.executable).with_name("agl-trainer")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, calc_engine: Engine) -> Iterator[Stack]:
+    with cpu_stack.start(tmp_path_factory.mktemp("multiturn-training"), calc_engine) as started:
+        yield started
+
+
+def test_three_steps_of_the_calc_agent_train_on_whole_trajectories(
+    stack: Stack, calc_engine: Engine, tmp_path: Path
+) -> None:
+    tasks = tmp_path / "calc.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in make_tasks(12, seed=CALC_TASKS_SEED)))
+    out = stack.root / "calc3"
+    out.mkdir()
+    argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}"]
+    argv += [
+        "placement=cpu",
+        "agl.run_id=calc3",
+        f"agl.model_name={MODEL}",
+        "agl.launch.agent_class=examples.calc_agent.agent:CalcAgent",
+        "+agl.launch.env_map.AGL_TASK_QUESTION=input.question",
+        "+agl.launch.env_map.AGL_TASK_ANSWER=input.answer",
+        "agl.launch.timeout_seconds=120",
+        "agl.aggregation.level=trajectory",
+        f"agl.state_dir={out / 'state'}",
+        f"agl.engines.weights_dir={out / 'weights'}",
+        f"agl.trajectory_log={out / 'trajectories.jsonl'}",
+        "agl.progress=false",
+        f"data.train_files={tasks}",
+        "data.shuffle=false",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=128",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.response_length=128",
+        f"actor_rollout_ref.model.path={calc_engine.model_dir}",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.total_training_steps=3",
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+        "trainer.logger=[console,file]",
+        f"trainer.default_local_dir={out / 'checkpoints'}",
+    ]
+    env = local_stack.child_environment({"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")})
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=850, check=False)
+    run = TrainerRun.read(proc.returncode, proc.stdout + proc.stderr, out)
+    assert run.returncode == 0, run.output[-5000:]
+    assert [r["step"] for r in run.metrics if r["step"] > 0] == [1, 2, 3]
+
+    steps = [run.step(n) for n in (1, 2, 3)]
+    for step in steps:
+        assert step["agl/rollout/succeeded"] == 16.0, step
+        # Every call continued its rollout's row: one exact row per rollout, never a retokenized one.
+        assert step["agl/data/trajectory_breaks"] == 0.0, step
+        assert step["agl/data/segments_per_rollout"] == 1.0, step
+    # The model calls its tool: rows hold several turns, the tool results inside them are masked context.
+    assert max(step["agl/tools/call_rate"] for step in steps) > 0.5
+    assert max(step["agl/turns/max"] for step in steps) >= 2.0
+    assert max(step["agl/data/context_tokens_per_row"] for step in steps) > 0.0
+    updated = [step for step in steps if step["agl/update/skipped_no_signal"] == 0.0]
+    assert updated, "no step had a learning signal"
+    for step in updated:
+        # Context tokens are masked out of the comparison: on the sampled tokens the engine and trainer agree.
+        assert step["agl/push/logprob_diff_max"] < 1e-4, step
+    assert max_weight_change(calc_engine.model_dir, run.weights_dir) > 0.0
+
+    records = [json.loads(line) for line in run.trajectories.read_text().splitlines()]
+    multi = [r for r in records if len(r["calls"]) >= 2]
+    assert multi, "no rollout made more than one call"
