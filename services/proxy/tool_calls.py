@@ -8,6 +8,7 @@ what it can see on every call, so the trainer's step health can show it (see Too
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -87,10 +88,8 @@ def missing_parser_message(status: int, content: bytes) -> str | None:
     if status != 400 or _PARSER_FLAG not in content:
         return None
     engine_said = content.decode("utf-8", "replace")
-    try:
+    with contextlib.suppress(ValueError, KeyError, TypeError):  # not vLLM's error shape: its text as it came
         engine_said = str(json.loads(engine_said)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        pass
     return (
         "The engine cannot answer a request that offers `tools`: it was started without a tool-call parser. Start "
         "it with one: `agl-engine --tool-call-parser hermes` (AGL_ENGINE_TOOL_CALL_PARSER; the default), or vLLM "
