@@ -1,11 +1,12 @@
 """What a step's rollouts did, as metrics: turns, tool calls and how they went, and the shape of the rows.
 
 Pure. Agent RL fails quietly (tools that never fire, calls that never parse, trajectories that break), so these
-are step metrics every step, present even when zero. From the traces (one per rollout):
+are step metrics every step, present even when zero. From the traces (one per rollout), counting every successful
+call (validation calls carry no token ids, and count too):
 
 | metric | meaning |
 |---|---|
-| `{p}/turns/mean`, `{p}/turns/max` | trainable model calls per rollout |
+| `{p}/turns/mean`, `{p}/turns/max` | successful model calls per rollout |
 | `{p}/tools/call_rate` | share of rollouts with at least one parsed tool call |
 | `{p}/tools/calls_per_rollout` | parsed tool calls per rollout |
 | `{p}/tools/unparsed_calls` | tool calls written but not parsed by the engine (markers left in the text) |
@@ -13,7 +14,7 @@ are step metrics every step, present even when zero. From the traces (one per ro
 | `{p}/tools/invalid_argument_calls` | parsed calls whose arguments are not a JSON object |
 | `{p}/calls/truncated` | calls that stopped at max_tokens (`finish_reason` length) |
 | `{p}/calls/failed` | calls that ended in an error (not trained on) |
-| `{p}/rollouts/without_calls` | rollouts with no trainable model call |
+| `{p}/rollouts/without_calls` | rollouts with no successful model call |
 
 From the rows (`row_metrics`, trajectory aggregation):
 
@@ -40,14 +41,14 @@ def trace_metrics(traces: Sequence[RolloutTrace], prefix: str = "agl") -> dict[s
     """The trace metrics of the table above (empty for no traces)."""
     if not traces:
         return {}
-    turns = [len(trace.triplets) for trace in traces]
+    turns = [len(trace.calls) for trace in traces]
     parsed = unparsed = unknown = invalid = truncated = 0
     with_calls = 0
     for trace in traces:
         rollout_calls = 0
-        for triplet in trace.triplets:
-            truncated += triplet.finish_reason == TRUNCATED
-            stats = triplet.tool_calls
+        for call in trace.calls:
+            truncated += call.finish_reason == TRUNCATED
+            stats = call.tool_calls
             if stats is None:
                 continue
             rollout_calls += stats.parsed_calls

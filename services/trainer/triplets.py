@@ -38,6 +38,15 @@ class Triplet:
     tool_calls: event_pb2.ToolCallStats | None = None
 
 
+@dataclass(frozen=True)
+class CallOutcome:
+    """How one successful model call ended, whether or not it carried tokens (validation calls do not)."""
+
+    finish_reason: str
+    # ToolCallStats of the call, or None when it offered no tools and made no call.
+    tool_calls: event_pb2.ToolCallStats | None
+
+
 @dataclass
 class RolloutTrace:
     """A finished rollout reduced to what the data path needs."""
@@ -51,6 +60,8 @@ class RolloutTrace:
     succeeded: bool = True
     # Model calls that ended in an error (the engine's or the transport's): not triplets, but part of the story.
     failed_calls: int = 0
+    # Every successful call, in order (the triplets are those of them with tokens to train on).
+    calls: list[CallOutcome] = field(default_factory=list)
 
 
 def extract_triplets(events: Iterable[event_pb2.Event], counts: Counter[str]) -> tuple[list[Triplet], float | None]:
@@ -101,6 +112,7 @@ def trace_from_events(
     succeeded: bool = True,
 ) -> RolloutTrace:
     """Builds a RolloutTrace; a missing reward becomes reward_fillna_value and is counted."""
+    events = list(events)
     failed_before = counts[DROPPED_ERROR_CALLS]
     triplets, reward = extract_triplets(events, counts)
     missing = reward is None
@@ -115,4 +127,20 @@ def trace_from_events(
         reward_missing=missing,
         succeeded=succeeded,
         failed_calls=counts[DROPPED_ERROR_CALLS] - failed_before,
+        calls=call_outcomes(events),
     )
+
+
+def call_outcomes(events: Iterable[event_pb2.Event]) -> list[CallOutcome]:
+    """The outcome of every successful model_request among events, in order."""
+    ok = (event_pb2.MODEL_REQUEST_STATUS_OK, event_pb2.MODEL_REQUEST_STATUS_UNSPECIFIED)
+    return [
+        CallOutcome(
+            e.model_request.finish_reason,
+            e.model_request.tool_calls if e.model_request.HasField("tool_calls") else None,
+        )
+        for e in events
+        if e.event_type == MODEL_REQUEST
+        and e.WhichOneof("payload") in ("model_request", None)
+        and e.model_request.status in ok
+    ]

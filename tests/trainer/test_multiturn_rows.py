@@ -203,3 +203,11 @@ def test_trace_metrics_count_turns_tool_calls_and_what_did_not_parse(tokenizer: 
     assert metrics["agl/calls/failed"] == 1.0
     assert metrics["agl/rollouts/without_calls"] == 1.0
     assert set(trace_metrics(traces, prefix="val/agl")) == {f"val/{key}" for key in metrics}
+
+    # Validation calls carry no token ids (nothing trains on them): they are no triplets, but they count.
+    val_call = call([], [])
+    val_call.model_request.tool_calls.CopyFrom(stats(parsed=1))
+    val = trace_of("v0", "g0", [val_call], 1.0)
+    assert val.triplets == []
+    val_metrics = trace_metrics([val], prefix="val/agl")
+    assert val_metrics["val/agl/tools/call_rate"] == 1.0 and val_metrics["val/agl/turns/mean"] == 1.0
