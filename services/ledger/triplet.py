@@ -327,18 +327,23 @@ def _skip_size(buf: bytes, pos: int) -> int:
 
 def view(rows: list[tuple[int, str, bytes]]) -> list[tuple[int, bytes]]:
     """(sequence, triplet bytes) of the view from the stored (sequence, event_type, triplet) rows of events in it
-    (in sequence order): the last call per identical prompt, at its position."""
+    (in sequence order): the last call per identical prompt, at its position. Calls without prompt tokens are all
+    kept: an empty prompt identifies nothing (validation calls are recorded without token ids)."""
     last_by_prompt: dict[bytes, int] = {}
-    calls = 0
+    calls = unkeyed = 0
     for pos, (_seq, event_type, triplet) in enumerate(rows):
         if event_type == MODEL_REQUEST:
-            last_by_prompt[prompt_key(triplet)] = pos
+            key = prompt_key(triplet)
+            if key:
+                last_by_prompt[key] = pos
+            else:  # no prompt tokens (a validation call, an engine that returns none): nothing says it is a repeat
+                unkeyed += 1
             calls += 1
-    if len(last_by_prompt) == calls:
+    if len(last_by_prompt) + unkeyed == calls:
         return [(seq, triplet) for seq, _, triplet in rows]  # no prompt repeats: nothing to drop
     keep = set(last_by_prompt.values())
     return [(seq, triplet) for pos, (seq, event_type, triplet) in enumerate(rows)
-            if event_type != MODEL_REQUEST or pos in keep]  # fmt: skip
+            if event_type != MODEL_REQUEST or pos in keep or not prompt_key(triplet)]  # fmt: skip
 
 
 def triplet_view(events: Iterable[event_pb2.Event]) -> list[event_pb2.Event]:

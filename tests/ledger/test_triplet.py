@@ -144,7 +144,7 @@ def test_view_keeps_the_last_call_per_prompt_by_prompt_bytes():
         model_request("r", [], [5]),
         reward("r", 0.5),
         model_request("r", [1, 300], [3], [-0.5]),  # repeats the first prompt: the first one goes
-        model_request("r", [], [6]),  # repeats the empty prompt
+        model_request("r", [], [6]),  # no prompt tokens either: nothing says it repeats seq 3, both stay
         custom("r", "{}"),
     ]
     rows = []
@@ -155,8 +155,8 @@ def test_view_keeps_the_last_call_per_prompt_by_prompt_bytes():
             rows.append((seq, event.event_type, stored[:length]))
     assert triplet.prompt_key(rows[0][2]) == triplet.prompt_key(rows[4][2]) != triplet.prompt_key(rows[1][2])
     assert triplet.prompt_key(rows[2][2]) == b""
-    assert [seq for seq, _ in triplet.view(rows)] == [2, 4, 5, 6]
-    assert [e.sequence for e in triplet.triplet_view(events)] == [2, 4, 5, 6]
+    assert [seq for seq, _ in triplet.view(rows)] == [2, 3, 4, 5, 6]
+    assert [e.sequence for e in triplet.triplet_view(events)] == [2, 3, 4, 5, 6]
 
 
 async def test_stores_give_back_whole_events_and_their_triplet_forms(core: Ledger):
