@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,29 +63,44 @@ def write_tasks(path: Path, modes: Sequence[str]) -> Path:
 
 
 def trainer_overrides(
-    engine: Engine, run_id: str, tasks: Path | str, out: Path, *, steps: int, lr: float, model: str = MODEL
+    engine: Engine,
+    run_id: str,
+    tasks: Path | str,
+    out: Path,
+    *,
+    steps: int,
+    lr: float,
+    model: str = MODEL,
+    agent: str = AGENT,
+    env_map: Mapping[str, str] | None = None,
+    tasks_per_step: int = 2,
+    prompt_length: int = 32,
+    response_length: int = 8,
+    timeout_s: int = 60,
 ) -> list[str]:
-    """`agl-trainer` overrides of a small CPU run writing under `out` (the ledger's address and key not included)."""
+    """`agl-trainer` overrides of a small CPU run writing under `out` (the ledger's address and key not included):
+    by default the ParityAgent's, 2 tasks x 4 rollouts a step."""
+    env_map = {"AGL_TASK": "input"} if env_map is None else env_map
     return [
         "placement=cpu",
         f"agl.run_id={run_id}",
         f"agl.model_name={model}",
-        f"agl.launch.agent_class={AGENT}",
-        "+agl.launch.env_map.AGL_TASK=input",
-        "agl.launch.timeout_seconds=60",
+        f"agl.launch.agent_class={agent}",
+        *(f"+agl.launch.env_map.{name}={path}" for name, path in env_map.items()),
+        f"agl.launch.timeout_seconds={timeout_s}",
         f"agl.state_dir={out / 'state'}",
         f"agl.engines.weights_dir={out / 'weights'}",
         f"agl.trajectory_log={out / 'trajectories.jsonl'}",
         "agl.progress=false",
         f"data.train_files={tasks}",
         "data.shuffle=false",
-        "data.train_batch_size=2",
-        "data.max_prompt_length=32",
+        f"data.train_batch_size={tasks_per_step}",
+        f"data.max_prompt_length={prompt_length}",
         "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.rollout.response_length=8",
+        f"actor_rollout_ref.rollout.response_length={response_length}",
         f"actor_rollout_ref.model.path={engine.model_dir}",
         f"actor_rollout_ref.actor.optim.lr={lr}",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={tasks_per_step}",
         f"trainer.total_training_steps={steps}",
         "trainer.save_freq=-1",
         "trainer.test_freq=-1",

@@ -17,7 +17,7 @@ from deploy import local_stack
 from examples.calc_agent.tasks import make_tasks
 from tests.support.engine import CALC_TASKS_SEED, Engine
 from tests.trainer import cpu_stack
-from tests.trainer.cpu_stack import KEY, MODEL, Stack, TrainerRun, max_weight_change
+from tests.trainer.cpu_stack import KEY, Stack, TrainerRun, max_weight_change, trainer_overrides
 
 pytestmark = [pytest.mark.trainer, pytest.mark.timeout(900)]
 
@@ -37,35 +37,21 @@ def test_three_steps_of_the_calc_agent_train_on_whole_trajectories(
     tasks.write_text("".join(json.dumps(t) + "\n" for t in make_tasks(12, seed=CALC_TASKS_SEED)))
     out = stack.root / "calc3"
     out.mkdir()
-    argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}"]
-    argv += [
-        "placement=cpu",
-        "agl.run_id=calc3",
-        f"agl.model_name={MODEL}",
-        "agl.launch.agent_class=examples.calc_agent.agent:CalcAgent",
-        "+agl.launch.env_map.AGL_TASK_QUESTION=input.question",
-        "+agl.launch.env_map.AGL_TASK_ANSWER=input.answer",
-        "agl.launch.timeout_seconds=120",
-        "agl.aggregation.level=trajectory",
-        f"agl.state_dir={out / 'state'}",
-        f"agl.engines.weights_dir={out / 'weights'}",
-        f"agl.trajectory_log={out / 'trajectories.jsonl'}",
-        "agl.progress=false",
-        f"data.train_files={tasks}",
-        "data.shuffle=false",
-        "data.train_batch_size=4",
-        "data.max_prompt_length=128",
-        "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.rollout.response_length=128",
-        f"actor_rollout_ref.model.path={calc_engine.model_dir}",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "trainer.total_training_steps=3",
-        "trainer.save_freq=-1",
-        "trainer.test_freq=-1",
-        "trainer.logger=[console,file]",
-        f"trainer.default_local_dir={out / 'checkpoints'}",
-    ]
+    argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}", "agl.aggregation.level=trajectory"]
+    argv += trainer_overrides(
+        calc_engine,
+        "calc3",
+        tasks,
+        out,
+        steps=3,
+        lr=1e-3,
+        agent="examples.calc_agent.agent:CalcAgent",
+        env_map={"AGL_TASK_QUESTION": "input.question", "AGL_TASK_ANSWER": "input.answer"},
+        tasks_per_step=4,
+        prompt_length=128,
+        response_length=128,
+        timeout_s=120,
+    )
     env = local_stack.child_environment({"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")})
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=850, check=False)
     run = TrainerRun.read(proc.returncode, proc.stdout + proc.stderr, out)
