@@ -22,7 +22,7 @@ import pytest
 
 from examples.calc_agent.tasks import TOOLS, make_tasks, messages
 from services._gen.agl.v1 import event_pb2, rollout_pb2
-from tests.support.engine import CALC_TASKS_SEED, Engine
+from tests.support.engine import CALC_TASKS_SEED, Engine, calc_tasks_solved_with_the_tool
 from tests.trainer import cpu_stack
 
 # The first test also starts the session's calc engine (warm start ~30 s, engine start ~40 s on 2 idle cores).
@@ -139,7 +139,9 @@ sys.exit(1)
 
 def test_a_call_cut_off_inside_its_json_is_counted_as_unparsed(calc_stack: cpu_stack.Stack) -> None:
     rollout_id = f"cut-{uuid.uuid4().hex[:8]}"
-    body = {"model": "policy", "messages": messages(TASKS[0]), "tools": TOOLS, "max_tokens": 6}
+    # A task the model learned to solve with the tool (on one it learned to answer at once, it rarely calls).
+    task = calc_tasks_solved_with_the_tool()[0]
+    body = {"model": "policy", "messages": messages(task), "tools": TOOLS, "max_tokens": 6}
     command = [sys.executable, "-c", CUT_OFF_AGENT, json.dumps(body)]
     spec = rollout_pb2.RolloutSpec(
         rollout_id=rollout_id,

@@ -160,7 +160,21 @@ def cpu_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         yield engine
 
 
-def build_calc_model(directory: Path, *, tool_share: float = 0.8, steps: int = 150) -> Path:
+CALC_TASKS_SEED = 11  # the tasks build_calc_model warm-starts on: make_tasks(12, seed=CALC_TASKS_SEED)
+CALC_TOOL_SHARE = 0.8  # the share of them it learns to solve with the tool (warm_start_examples, seed 0)
+
+
+def calc_tasks_solved_with_the_tool() -> list[dict[str, Any]]:
+    """The warm-start tasks whose transcript calls the tool: on these the calc model opens with a call."""
+    from examples.calc_agent.tasks import make_tasks, warm_start_examples
+
+    tasks = make_tasks(12, seed=CALC_TASKS_SEED)
+    examples = warm_start_examples(tasks, tool_share=CALC_TOOL_SHARE, seed=0)
+    called = {messages[-1]["content"] for messages, answer in examples if answer.startswith("<tool_call>")}
+    return [task for task in tasks if task["question"] in called]
+
+
+def build_calc_model(directory: Path, *, tool_share: float = CALC_TOOL_SHARE, steps: int = 150) -> Path:
     """A tiny model for the calc agent (examples/calc_agent): its tokenizer learned from the calculator prompts and
     calls, warm-started on the transcripts of a dozen tasks, most of them solved with the tool. It calls the
     tool most of the time and is sometimes right: what the tool-call and multi-turn training tests need."""
@@ -168,14 +182,11 @@ def build_calc_model(directory: Path, *, tool_share: float = 0.8, steps: int = 1
     from services.engine.tiny_model import build_tiny_model
     from services.engine.warm_start import warm_start
 
-    tasks = make_tasks(12, seed=11)
+    tasks = make_tasks(12, seed=CALC_TASKS_SEED)
     build_tiny_model(directory, corpus=tokenizer_corpus(tasks))
     examples = warm_start_examples(tasks, tool_share=tool_share, seed=0)
     warm_start(directory, examples, steps=steps, batch_size=16, lr=2e-3, tools=TOOLS)
     return Path(directory)
-
-
-CALC_TASKS_SEED = 11  # the tasks build_calc_model warm-starts on: make_tasks(12, seed=CALC_TASKS_SEED)
 
 
 @pytest.fixture(scope="session")

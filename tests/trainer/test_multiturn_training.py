@@ -69,7 +69,8 @@ def test_three_steps_of_the_calc_agent_train_on_whole_trajectories(
         assert breaks <= 4.0, step
         assert step["agl/data/segments_per_rollout"] == pytest.approx(1.0 + breaks / 16), step
     # The model calls its tool: rows hold several turns, the tool results inside them are masked context.
-    assert max(step["agl/tools/call_rate"] for step in steps) > 0.5
+    # (Step 1 samples the warm start, which calls in ~60% of rollouts: 4 of 16 or fewer has a chance of ~3e-4.)
+    assert max(step["agl/tools/call_rate"] for step in steps) >= 0.25
     assert max(step["agl/turns/max"] for step in steps) >= 2.0
     assert max(step["agl/data/context_tokens_per_row"] for step in steps) > 0.0
     updated = [step for step in steps if step["agl/update/skipped_no_signal"] == 0.0]
