@@ -33,9 +33,6 @@ class Triplet:
     logprobs: list[float] | None
     turn_index: int
     model_version: int = 0
-    finish_reason: str = ""
-    # ToolCallStats of the call (the proxy's counts), or None when it offered no tools and made no call.
-    tool_calls: event_pb2.ToolCallStats | None = None
 
 
 @dataclass(frozen=True)
@@ -64,18 +61,26 @@ class RolloutTrace:
     calls: list[CallOutcome] = field(default_factory=list)
 
 
-def extract_triplets(events: Iterable[event_pb2.Event], counts: Counter[str]) -> tuple[list[Triplet], float | None]:
-    """Triplets in event order and the last reward value (None when the rollout posted no reward); each call
-    dropped is counted in `counts`."""
-    triplets: list[Triplet] = []
+@dataclass
+class _Scan:
+    triplets: list[Triplet] = field(default_factory=list)
     reward: float | None = None
+    calls: list[CallOutcome] = field(default_factory=list)
+    failed_calls: int = 0
+
+
+def _scan(events: Iterable[event_pb2.Event], counts: Counter[str]) -> _Scan:
+    """One pass over a rollout's events: triplets, the last reward, every successful call's outcome, failures."""
+    scan = _Scan()
     for event in events:
         kind = event.WhichOneof("payload")
         if kind == "model_request" or (kind is None and event.event_type == MODEL_REQUEST):
             call = event.model_request
             if call.status not in (event_pb2.MODEL_REQUEST_STATUS_OK, event_pb2.MODEL_REQUEST_STATUS_UNSPECIFIED):
                 counts[DROPPED_ERROR_CALLS] += 1
+                scan.failed_calls += 1
                 continue
+            scan.calls.append(CallOutcome(call.finish_reason, call.tool_calls if call.HasField("tool_calls") else None))
             response = list(call.response_token_ids)
             if not response:
                 counts[DROPPED_EMPTY_RESPONSES] += 1
@@ -85,20 +90,18 @@ def extract_triplets(events: Iterable[event_pb2.Event], counts: Counter[str]) ->
                 logprobs = list(call.response_logprobs)
             else:
                 counts[LOGPROBS_MISSING] += 1
-            triplets.append(
+            scan.triplets.append(
                 Triplet(
                     prompt_ids=list(call.prompt_token_ids),
                     response_ids=response,
                     logprobs=logprobs,
-                    turn_index=len(triplets),
+                    turn_index=len(scan.triplets),
                     model_version=call.model_version,
-                    finish_reason=call.finish_reason,
-                    tool_calls=call.tool_calls if call.HasField("tool_calls") else None,
                 )
             )
         elif kind == "reward" and event.reward.HasField("value"):
-            reward = event.reward.value
-    return triplets, reward
+            scan.reward = event.reward.value
+    return scan
 
 
 def trace_from_events(
@@ -112,35 +115,18 @@ def trace_from_events(
     succeeded: bool = True,
 ) -> RolloutTrace:
     """Builds a RolloutTrace; a missing reward becomes reward_fillna_value and is counted."""
-    events = list(events)
-    failed_before = counts[DROPPED_ERROR_CALLS]
-    triplets, reward = extract_triplets(events, counts)
-    missing = reward is None
+    scan = _scan(events, counts)
+    missing = scan.reward is None
     if missing:
         counts[REWARD_MISSING] += 1
     return RolloutTrace(
         rollout_id=rollout_id,
         group_id=group_id,
         data_id=data_id,
-        reward=reward_fillna_value if reward is None else float(reward),
-        triplets=triplets,
+        reward=reward_fillna_value if scan.reward is None else float(scan.reward),
+        triplets=scan.triplets,
         reward_missing=missing,
         succeeded=succeeded,
-        failed_calls=counts[DROPPED_ERROR_CALLS] - failed_before,
-        calls=call_outcomes(events),
+        failed_calls=scan.failed_calls,
+        calls=scan.calls,
     )
-
-
-def call_outcomes(events: Iterable[event_pb2.Event]) -> list[CallOutcome]:
-    """The outcome of every successful model_request among events, in order."""
-    ok = (event_pb2.MODEL_REQUEST_STATUS_OK, event_pb2.MODEL_REQUEST_STATUS_UNSPECIFIED)
-    return [
-        CallOutcome(
-            e.model_request.finish_reason,
-            e.model_request.tool_calls if e.model_request.HasField("tool_calls") else None,
-        )
-        for e in events
-        if e.event_type == MODEL_REQUEST
-        and e.WhichOneof("payload") in ("model_request", None)
-        and e.model_request.status in ok
-    ]
