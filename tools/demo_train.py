@@ -77,14 +77,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve_agent_defaults(args: argparse.Namespace) -> DemoAgent:
     """The chosen agent, with its defaults filled into the options left unset; options the agent does not use
     are refused (SystemExit with the reason)."""
-    agent = AGENTS[getattr(args, "agent", "math")]
-    if agent.name != "math" and getattr(args, "max_operand", None) is not None:
+    agent = AGENTS[args.agent]
+    if agent.name != "math" and args.max_operand is not None:
         raise SystemExit(f"--max-operand sizes the math agent's additions; --agent {agent.name} does not use it")
-    if getattr(args, "max_operand", None) is None:
+    if args.max_operand is None:
         args.max_operand = 19
-    if getattr(args, "train_tasks", None) is None:
+    if args.train_tasks is None:
         args.train_tasks = agent.train_tasks
-    if getattr(args, "warm_start_steps", None) is None:
+    if args.warm_start_steps is None:
         args.warm_start_steps = agent.warm_steps
     return agent
 
@@ -130,7 +130,7 @@ def prepare_model(
     build_tiny_model(partial, hidden=128, layers=4, corpus=agent.corpus(train))
     out.write(f"model: warm-starting a tiny model on {len(train)} tasks ({warm_steps} supervised steps)...\n")
     out.flush()
-    result = warm_start(partial, agent.warm_examples(train), steps=warm_steps, lr=agent.warm_lr, tools=agent.tools())
+    result = warm_start(partial, agent.warm_examples(train), steps=warm_steps, lr=agent.warm_lr, tools=agent.tools)
     shutil.rmtree(path, ignore_errors=True)
     partial.rename(path)
     out.write(f"model: {path} in {time.monotonic() - started:.0f}s (warm-start loss {result.loss:.3f})\n")
@@ -162,7 +162,6 @@ def trainer_overrides(
         f"agl.launch.agent_class={agent.agent_class}",
         *(f"+agl.launch.env_map.{name}={path}" for name, path in TASK_ENV.items()),
         f"agl.launch.timeout_seconds={agent.timeout_s}",
-        f"agl.aggregation.level={agent.aggregation}",
         f"agl.state_dir={state_dir / 'manager'}",
         f"agl.engines.weights_dir={state_dir / 'weights'}",
         f"agl.trajectory_log={output_dir / 'trajectories.jsonl'}",
@@ -442,7 +441,7 @@ def run_training(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         out.write(f" (trainer log: {logs / 'trainer.log'})\n")
         out.flush()
         with trainer_process(argv, env, logs / "trainer.log") as proc:
-            multi_turn = agent.tools() is not None
+            multi_turn = agent.tools is not None
             records = follow(proc, metrics_path, args.steps, out, multi_turn=multi_turn)
             code = proc.returncode
         if code != 0:
