@@ -454,9 +454,12 @@ def run_training(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 
 
 def stop_on_sigterm() -> None:
-    """SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so every context manager stops what it started."""
+    """SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so every context manager stops what it started. Ctrl-C
+    itself is made to work even where the demo was started with SIGINT ignored (a shell starts background jobs
+    so, and Python then keeps it ignored): SIGINT to its process group stopped nothing, the run went on to the end."""
 
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
