@@ -15,12 +15,15 @@ CONFIG_DIR = str(Path(__file__).resolve().parent / "hydra-conf")
 def main(config) -> None:  # type: ignore[no-untyped-def]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .config import ConfigError
+    from .guardrails import HealthStop
     from .runner import run
 
     try:
         run(config)
     except ConfigError as err:  # a setting the user must change: one line, no traceback
         raise SystemExit(f"agl-trainer: {err}") from None
+    except HealthStop as err:  # raised in the Ray task runner: Ray's error is a HealthStop too, its cause the line
+        raise SystemExit(f"agl-trainer: health stop: {getattr(err, 'cause', None) or err}") from None
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from .advantage import rollout_advantages, zero_variance_groups
 from .aggregation import AggregationLevel, Row, rows_from_trace
 from .alignment import align_rows
 from .batch import rows_to_dataproto
+from .health import FLAGGED_COUNTS, RowFlags, StepHealth, row_health
 from .loss import ROW_WEIGHTS_KEY, per_rollout_token_weights
 from .trace_stats import row_metrics
 from .triplets import REWARD_MISSING, RolloutTrace
@@ -45,11 +46,16 @@ class TrainingBatch:
     metrics: dict[str, float]
     num_updates: int
     mini_batch_rows: int
+    # The rows' health (services/trainer/health.py), with the rollouts behind each share.
+    health: StepHealth | None = None
 
 
-def build_rows(traces: Sequence[RolloutTrace], settings: DataPathSettings, counts: Counter[str]) -> list[Row]:
+def build_rows(
+    traces: Sequence[RolloutTrace], settings: DataPathSettings, counts: Counter[str], flags: RowFlags | None = None
+) -> list[Row]:
     rows: list[Row] = []
     for trace in traces:
+        before = {key: counts.get(key, 0) for key in FLAGGED_COUNTS} if flags is not None else {}
         rows.extend(
             rows_from_trace(
                 trace,
@@ -59,6 +65,8 @@ def build_rows(traces: Sequence[RolloutTrace], settings: DataPathSettings, count
                 counts=counts,
             )
         )
+        if flags is not None:
+            flags.note(trace.rollout_id, before, counts)
     return rows
 
 
@@ -73,7 +81,9 @@ def build_training_batch(
     """Runs the whole data path. `data` is None when no row survives (the step then has nothing to train)."""
     rng = rng or random.Random(0)
     counts = counts if counts is not None else Counter()
-    rows = build_rows(traces, settings, counts)
+    flags = RowFlags()
+    rows = build_rows(traces, settings, counts, flags)
+    health = row_health(rows, counts, flags)
     advantages = rollout_advantages(
         rows,
         settings.adv_estimator,
@@ -107,7 +117,7 @@ def build_training_batch(
     )
     metrics.update(row_metrics(rows, counts))
     if not kept:
-        return TrainingBatch(None, metrics, 0, 0)
+        return TrainingBatch(None, metrics, 0, 0, health)
     data = rows_to_dataproto(
         kept,
         advantages,
@@ -122,4 +132,4 @@ def build_training_batch(
     metrics["agl/data/has_rollout_log_probs"] = float("rollout_log_probs" in data.batch)
     data.meta_info["agl_num_updates"] = alignment.num_updates
     data.meta_info["agl_mini_batch_rows"] = alignment.mini_batch_rows
-    return TrainingBatch(data, metrics, alignment.num_updates, alignment.mini_batch_rows)
+    return TrainingBatch(data, metrics, alignment.num_updates, alignment.mini_batch_rows, health)

@@ -6,12 +6,19 @@ module is the only place the trainer's configuration is interpreted; nothing els
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
+from services._gen.agl.v1 import rollout_pb2
+
 from .adapter import DataPathSettings
 from .aggregation import AggregationLevel
+from .guardrails import DEFAULT_LIMITS, Limit, parse_limits
+from .infra_policy import InfraSettings, Policy
 from .manager import ManagerSettings
 from .retention import check_keep_steps
 from .specs import LaunchSettings, check_run_id
@@ -48,6 +55,11 @@ class TrainerSettings:
     weights_dir: str = ""
     # JSONL of every consumed rollout with its decoded text (services/trainer/trajectory_log.py); None: off.
     trajectory_log: str | None = None
+    # Infrastructure failures out of the advantage (services/trainer/infra_policy.py).
+    infra: InfraSettings = field(default_factory=InfraSettings)
+    # Step-health limits (services/trainer/guardrails.py) and how many rollout ids a line names.
+    health_limits: Mapping[str, Limit] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
+    health_rollouts_named: int = 5
 
     def __repr__(self) -> str:  # never print the key
         key = "***" if self.key else None
@@ -61,6 +73,55 @@ def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
             return default
         node = node.get(part) if hasattr(node, "get") else getattr(node, part, None)
     return default if node is None else node
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def infra_settings(agl: Any) -> InfraSettings:
+    """agl.infra_failures (and agl.include_failed) -> InfraSettings; ConfigError naming the key."""
+    raw = _plain(agl.get("infra_failures")) or {}
+    unknown = sorted(set(raw) - {"policy", "retry_attempts", "timeout_is_infra"})
+    if unknown:
+        raise ConfigError(
+            f"agl.infra_failures.{unknown[0]}: unknown key; known: policy, retry_attempts, timeout_is_infra"
+        )
+    policy_name = str(raw.get("policy", Policy.DROP_ROLLOUT.value))
+    try:
+        policy = Policy(policy_name)
+    except ValueError:
+        raise ConfigError(
+            f"agl.infra_failures.policy={policy_name}: one of {', '.join(p.value for p in Policy)}"
+        ) from None
+    attempts = raw.get("retry_attempts", 2)
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 100:
+        raise ConfigError(f"agl.infra_failures.retry_attempts={attempts!r}: an integer from 1 (no retry) to 100")
+    timeout_is_infra = raw.get("timeout_is_infra", False)
+    if not isinstance(timeout_is_infra, bool):
+        raise ConfigError(f"agl.infra_failures.timeout_is_infra={timeout_is_infra!r}: true or false")
+    return InfraSettings(
+        policy=policy,
+        timeout_is_infra=timeout_is_infra,
+        retry_attempts=attempts,
+        include_failed=bool(agl.get("include_failed", True)),
+    )
+
+
+def health_settings(agl: Any) -> tuple[dict[str, Limit], int]:
+    """agl.health -> (limits, rollout ids named per line); ConfigError naming the key."""
+    raw = _plain(agl.get("health")) or {}
+    unknown = sorted(set(raw) - {"limits", "rollouts_named"})
+    if unknown:
+        raise ConfigError(f"agl.health.{unknown[0]}: unknown key; known: limits, rollouts_named")
+    try:
+        limits = parse_limits(raw.get("limits") or {})
+    except ValueError as err:
+        raise ConfigError(f"agl.health.{err}") from None
+    named = raw.get("rollouts_named", 5)
+    if isinstance(named, bool) or not isinstance(named, int) or named < 1:
+        raise ConfigError(f"agl.health.rollouts_named={named!r}: an integer >= 1")
+    return limits, named
 
 
 def settings_from_config(cfg: Any) -> TrainerSettings:
@@ -98,6 +159,13 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         env_map={str(k): str(v) for k, v in (launch_cfg.get("env_map") or {}).items()},
         k8s_job_template=template,
     )
+    infra = infra_settings(agl)
+    limits, rollouts_named = health_settings(agl)
+    launch = replace(
+        launch,
+        retry_attempts=infra.retry_attempts,
+        retry_on=tuple(rollout_pb2.FailureReason.Value(f"FAILURE_REASON_{r}") for r in infra.reasons),
+    )
     if not (launch.agent_class or launch.command or launch.k8s_job_template):
         raise ConfigError("set agl.launch.agent_class, agl.launch.command or agl.launch.k8s_job_template_file")
     state_dir = agl.get("state_dir")
@@ -114,10 +182,10 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         async_train_batch_size=async_size,
         launch=launch,
         reward_fillna_value=float(agl.reward_fillna_value),
-        include_failed=bool(agl.include_failed),
         keep_steps=keep_steps,
         state_path=Path(str(state_dir)) / f"{run_id}.json" if state_dir else None,
         progress=bool(agl.get("progress", True)),
+        validation_call_texts=bool(agl.get("trajectory_log")),
     )
     engines = agl.get("engines") or {}
     external = bool(engines.get("external", False))
@@ -162,4 +230,7 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         external_engines=external,
         weights_dir=weights_dir,
         trajectory_log=str(agl.trajectory_log) if agl.get("trajectory_log") else None,
+        infra=infra,
+        health_limits=limits,
+        health_rollouts_named=rollouts_named,
     )

@@ -33,7 +33,7 @@ from .feed import TerminalFeed
 from .retention import KEEP_ALL, TERMINAL_STATES, check_keep_steps, expired
 from .specs import LABEL_DATA_ID, LABEL_RUN, LABEL_STEP, LaunchSettings, Sample, build_specs, check_run_id, group_id
 from .state import GroupRecord, ManagerState, load_state, save_state
-from .triplets import RolloutTrace, trace_from_events
+from .triplets import CallText, RolloutTrace, call_text, trace_from_events
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,6 @@ class ManagerSettings:
     async_train_batch_size: int = 0
     launch: LaunchSettings = field(default_factory=LaunchSettings)
     reward_fillna_value: float = 0.0
-    # Failed rollouts still train (their calls, the fill value when they posted no reward).
-    include_failed: bool = True
     # Consumed rollouts of the run's last keep_steps steps stay in the ledger; 0: deleted after their step,
     # -1: all kept. The trainer's config defaults to 2 (agl.retention.keep_steps).
     keep_steps: int = 0
@@ -71,14 +69,29 @@ class ManagerSettings:
     progress: bool = True
     # Seconds between state flushes while waiting.
     flush_interval_s: float = 0.5
+    # Validation calls carry no token ids: read each validation rollout's full model calls for their text
+    # (the trajectory log's "calls"); one ListEvents per validation rollout, so only when someone reads it.
+    validation_call_texts: bool = False
 
 
 @dataclass
 class StepResult:
+    # Every consumed rollout, failed ones included, in consumption order (the caller decides what trains:
+    # services/trainer/infra_policy.py).
     traces: list[RolloutTrace]
     group_ids: list[str]
     metrics: dict[str, float]
     counts: Counter[str]
+
+
+def failure_reason_name(reason: int) -> str:
+    """ "KILLED" for FAILURE_REASON_KILLED; "" for none."""
+    if not reason:
+        return ""
+    try:
+        return rollout_pb2.FailureReason.Name(reason).removeprefix("FAILURE_REASON_")
+    except ValueError:
+        return str(reason)
 
 
 def _seconds(ts: Any) -> float:
@@ -404,6 +417,14 @@ class RolloutManager:
         chosen = await self._wait(wanted, f"step {step} validation")
         return await self._consume(step, chosen)
 
+    async def _call_texts(self, rollout_id: str) -> list[CallText]:
+        try:
+            events = await self.client.list_events(rollout_id, event_type="model_request")
+        except LedgerError as err:
+            log.warning("rollout %s: reading its calls for the trajectory log failed (%s)", rollout_id, err.code().name)
+            return []
+        return [call_text(e.model_request) for e in events if e.HasField("model_request")]
+
     async def _abandon(self, step: int) -> None:
         """Sync mode: groups left from another step or an interrupted validation are dropped and deleted."""
         stale = [r for r in self.state.groups.values() if r.step != step or r.kind != "s"]
@@ -444,20 +465,21 @@ class RolloutManager:
                 known = {e.event_id for e in entry.events if e.event_id}
                 extra = [e for e in extra if e.event_id not in known]
                 appended.extend(extra)
-                if not ok and not self.settings.include_failed:
-                    counts["skipped_failed_rollouts"] += 1
-                    continue
-                traces.append(
-                    trace_from_events(
-                        rollout.rollout_id,
-                        record.group_id,
-                        rollout.metadata.labels.get(LABEL_DATA_ID, record.data_id),
-                        [*entry.events, *extra],
-                        reward_fillna_value=self.settings.reward_fillna_value,
-                        counts=counts,
-                        succeeded=ok,
-                    )
+                trace = trace_from_events(
+                    rollout.rollout_id,
+                    record.group_id,
+                    rollout.metadata.labels.get(LABEL_DATA_ID, record.data_id),
+                    [*entry.events, *extra],
+                    reward_fillna_value=self.settings.reward_fillna_value,
+                    counts=counts,
+                    succeeded=ok,
+                    failure_reason="" if ok else failure_reason_name(status.failure_reason),
+                    error_message="" if ok else status.error_message,
+                    attempts=max(len(status.attempts), 1),
                 )
+                if record.kind == "v" and self.settings.validation_call_texts:
+                    trace.call_texts = await self._call_texts(rollout.rollout_id)
+                traces.append(trace)
         if appended:  # the hooks' events belong to rollouts that have ended: the ledger takes them only when told so
             await self.client.append_events(appended, allow_terminal=True)
         consumed = [rid for record in records for rid in record.rollout_ids]

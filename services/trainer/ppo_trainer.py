@@ -7,9 +7,11 @@ path), the per_rollout_mean loss, engine_push (external engines). Two placements
   default, a separate vLLM deployment), registered in the ledger; the actor is the only verl worker, writes
   its weights with the `agl_file` checkpoint engine, and the driver has every engine reload them.
 
-A step: register/check the engines -> manager.collect -> pause + drain the proxies -> [colocated: sleep
-the replicas] -> data path -> old (and ref) log-probs -> actor update on aligned mini-batches, skipped when
-no row carries an advantage -> weights to the engines -> resume the proxies -> metrics.
+A step: register/check the engines -> manager.collect -> infrastructure failures left out (infra_policy) and the
+traces' health checked (guardrails: a warning line, or a stop) -> pause + drain the proxies -> [colocated: sleep
+the replicas] -> data path, the rows' health checked -> old (and ref) log-probs, the log-prob gap checked -> actor
+update on aligned mini-batches, skipped when no row carries an advantage -> weights to the engines -> resume the
+proxies -> metrics. A stop reports the step's metrics, marks the run FAILED with its line and ends the job.
 """
 
 from __future__ import annotations
@@ -38,14 +40,16 @@ from verl.workers.utils.padding import left_right_2_no_padding
 
 from services.client import LedgerClient
 
-from . import progress
+from . import health, progress
 from .adapter import build_training_batch
 from .config import TrainerSettings
 from .correction import apply_rollout_correction
 from .datasets import TaskLoader
 from .drain import DrainResult, HttpProxyDrainer, ProxyDrainer
 from .engine_push import push_weights, registered_endpoints
+from .guardrails import Guardrails, HealthStop, all_failed_line
 from .hooks import load_hooks
+from .infra_policy import select
 from .loop_thread import LoopThread
 from .loss import apply_row_weights
 from .manager import RolloutManager
@@ -136,6 +140,7 @@ class AglPPOTrainer(RayPPOTrainer):
         self.ledger = LedgerClient(self.agl.ledger_address, self.agl.key)
         hooks = load_hooks(self.agl.hooks) if self.agl.hooks else None
         self.manager = RolloutManager(self.ledger, self.agl.manager, hooks=hooks)
+        self.guard = Guardrails(self.agl.health_limits, self.agl.health_rollouts_named)
         self.loop.run(self.manager.start())
         self.trajectories: TrajectoryLog | None = None
         if self.agl.trajectory_log:
@@ -217,11 +222,14 @@ class AglPPOTrainer(RayPPOTrainer):
         result = self.loop.run(self.manager.evaluate(self.global_steps, samples))
         if self.trajectories is not None:
             self.trajectories.write(self.global_steps, result.traces, kind="validation")
-        rewards = [t.reward for t in result.traces]
-        metrics = {f"val/{k}": v for k, v in result.metrics.items()}
+        # A validation rollout lost to the infrastructure is no answer of the model's: left out of the mean.
+        selection = select(result.traces, self.agl.infra, 1)
+        rewards = [t.reward for t in selection.kept]
+        metrics = {f"val/{k}": v for k, v in {**result.metrics, **selection.metrics}.items()}
         if rewards:
             metrics["val/agl/reward_mean"] = sum(rewards) / len(rewards)
         metrics.update(trace_metrics(result.traces, prefix="val/agl"))
+        metrics.update(health.trace_health(result.traces, self.agl.infra.reasons).metrics(health.VAL_PREFIX))
         return metrics
 
     # -- the actor update with aligned mini-batches ---------------------------------------------------------
@@ -274,11 +282,26 @@ class AglPPOTrainer(RayPPOTrainer):
             self._register()
             result = self.loop.run(self.manager.collect(self.global_steps, samples))
         metrics.update(result.metrics)
-        if result.traces:
-            metrics["agl/reward/mean"] = sum(t.reward for t in result.traces) / len(result.traces)
-        metrics.update(trace_metrics(result.traces))
+        step = self.global_steps
+        with marked_timer("health", timing):
+            # Infrastructure failures out of the advantage; the traces' health from every consumed rollout.
+            selection = select(result.traces, self.agl.infra, int(self.config.actor_rollout_ref.rollout.n))
+            traces = selection.kept
+            metrics.update(selection.metrics)
+            step_health = health.trace_health(result.traces, self.agl.infra.reasons)
+            step_health.update(health.group_health(traces, self.guard.identical_steps))
+            self.guard.identical_steps = int(step_health.value(health.IDENTICAL_REWARD_STEPS))
+            metrics.update(step_health.metrics())
+            metrics.update(trace_metrics(result.traces))
+        if traces:
+            metrics["agl/reward/mean"] = sum(t.reward for t in traces) / len(traces)
         if self.trajectories is not None:
-            self.trajectories.write(self.global_steps, result.traces, kind="train")
+            self.trajectories.write(step, result.traces, kind="train")
+        stop = all_failed_line(step, result.traces, self.agl.infra.reasons)
+        if stop is not None:
+            raise HealthStop(stop)
+        warnings = self.guard.enforce(step, step_health, (*health.TRACE_NAMES, *health.GROUP_NAMES))
+        metrics["agl/health/warnings"] = float(warnings)
         # Always: in async mode calls are in flight; in sync mode a late call must not reach a sleeping replica
         # (colocated) or straddle a reload (external engines).
         drained: DrainResult = self.loop.run(self.drainer.pause_and_drain(f"step {self.global_steps} weight update"))
@@ -291,10 +314,14 @@ class AglPPOTrainer(RayPPOTrainer):
         try:
             with marked_timer("adapt", timing):
                 prepared = build_training_batch(
-                    result.traces, self.agl.data_path, rng=self._rng, algo_config=self.config.algorithm,
+                    traces, self.agl.data_path, rng=self._rng, algo_config=self.config.algorithm,
                     counts=result.counts,
                 )  # fmt: skip
             metrics.update(prepared.metrics)
+            if prepared.health is not None:
+                metrics.update(prepared.health.metrics())
+                warnings += self.guard.enforce(step, prepared.health, health.ROW_NAMES)
+                metrics["agl/health/warnings"] = float(warnings)
             batch = prepared.data
             if batch is not None and not has_learning_signal(batch):
                 log.info("step %d: every trained row has a zero advantage; weights unchanged", self.global_steps)
@@ -303,6 +330,11 @@ class AglPPOTrainer(RayPPOTrainer):
                 if self.config.trainer.get("balance_batch", False) and self.actor_rollout_wg.world_size > 1:
                     self._balance_batch(batch, metrics=metrics)
                 batch = self._log_probs(batch, metrics, timing)
+                if "agl/push/logprob_diff_mean" in metrics:
+                    gap = health.StepHealth(values={health.LOGPROB_GAP: float(metrics["agl/push/logprob_diff_mean"])})
+                    metrics.update(gap.metrics())
+                    warnings += self.guard.enforce(step, gap, (health.LOGPROB_GAP,))
+                    metrics["agl/health/warnings"] = float(warnings)
                 apply_row_weights(batch)
                 with marked_timer("update_actor", timing):
                     metrics.update(self._update_actor_rows(batch, prepared.mini_batch_rows))
@@ -333,6 +365,8 @@ class AglPPOTrainer(RayPPOTrainer):
             "lr": float(self.config.actor_rollout_ref.actor.optim.lr),
             "total_training_steps": self.total_training_steps,
             "placement": "external engines" if self.agl.external_engines else "colocated",
+            # Read by `agl run ID --health` and the console to mark the steps over a limit.
+            "health_limits": self.guard.describe(),
         }
 
     def _report(self, tracker: Tracking, metrics: dict[str, Any]) -> None:
@@ -369,8 +403,16 @@ class AglPPOTrainer(RayPPOTrainer):
                 metrics: dict[str, Any] = {"training/global_step": self.global_steps}
                 timing: dict[str, float] = {}
                 started = time.monotonic()
-                with marked_timer("step", timing):
-                    batch = self._train_step(samples, metrics, timing)
+                try:
+                    with marked_timer("step", timing):
+                        batch = self._train_step(samples, metrics, timing)
+                except HealthStop as stop:
+                    # The step that showed it is on record (`agl run ID --health`) before the run ends.
+                    log.error("health stop: %s", stop)
+                    metrics["agl/health/stopped"] = 1.0
+                    metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
+                    self._report(tracker, metrics)
+                    raise
                 last = self.global_steps >= self.total_training_steps
                 if test_freq > 0 and (self.global_steps % test_freq == 0 or last):
                     with marked_timer("testing", timing):
@@ -384,6 +426,9 @@ class AglPPOTrainer(RayPPOTrainer):
                 metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
                 self._report(tracker, metrics)
                 self.global_steps += 1
+        except HealthStop as exc:
+            error = f"health stop: {exc}"
+            raise
         except BaseException as exc:
             error = f"{type(exc).__name__}: {exc}"
             raise

@@ -15,6 +15,10 @@ LABEL_STEP = "agl_step"
 LABEL_GROUP = "agl_group"
 LABEL_DATA_ID = "agl_data_id"
 
+# Backoff of the infrastructure retries: 0.5 s before attempt 2, doubling, at most 8 s.
+RETRY_BACKOFF_S = 0.5
+RETRY_MAX_BACKOFF_S = 8.0
+
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -28,9 +32,22 @@ class LaunchSettings:
     env_map: Mapping[str, str] = field(default_factory=dict)
     # Jinja2 Job template text (read from agl.launch.k8s_job_template_file at start-up).
     k8s_job_template: str = ""
+    # The ledger's retry policy: attempts of each rollout (1: none) for the FailureReason values in retry_on
+    # (agl.infra_failures: the infrastructure's reasons), RETRY_BACKOFF_S before the second attempt.
+    retry_attempts: int = 1
+    retry_on: tuple[int, ...] = ()
 
     def to_proto(self) -> rollout_pb2.RolloutConfig:
         config = rollout_pb2.RolloutConfig(timeout_seconds=self.timeout_seconds)
+        if self.retry_attempts > 1:
+            config.retry.CopyFrom(
+                rollout_pb2.RetryPolicy(
+                    max_attempts=self.retry_attempts,
+                    retry_on=list(self.retry_on),
+                    initial_backoff_seconds=RETRY_BACKOFF_S,
+                    max_backoff_seconds=RETRY_MAX_BACKOFF_S,
+                )
+            )
         if self.agent_class or self.command or self.env_map:
             config.local.agent_class = self.agent_class
             config.local.command.extend(self.command)

@@ -3,7 +3,9 @@
 The ledger keeps consumed rollouts only for the last `agl.retention.keep_steps` steps (it stays bounded), so
 this file is where a user reads the conversations of every step trained on: per rollout its step, group, task
 input, reward and, per model call, the prompt and the response decoded with the model's tokenizer, the token
-counts and the weight version that answered. Enabled by `agl.trajectory_log` (a path); off by default.
+counts and the weight version that answered. Validation calls carry no token ids: their prompt (the request's
+messages) and response (the answer's message) come from the full recorded call instead (`RolloutTrace.call_texts`,
+read by the manager when this log is on). Enabled by `agl.trajectory_log` (a path); off by default.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .triplets import RolloutTrace
+from .triplets import CallText, RolloutTrace
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -23,16 +25,19 @@ def trajectory_records(
 ) -> list[dict[str, Any]]:
     records = []
     for trace in traces:
-        calls = [
-            {
-                "prompt": decode(t.prompt_ids),
-                "response": decode(t.response_ids),
-                "prompt_tokens": len(t.prompt_ids),
-                "response_tokens": len(t.response_ids),
-                "model_version": t.model_version,
-            }
-            for t in trace.triplets
-        ]
+        if trace.call_texts is not None:
+            calls = [_text_record(c) for c in trace.call_texts]
+        else:
+            calls = [
+                {
+                    "prompt": decode(t.prompt_ids),
+                    "response": decode(t.response_ids),
+                    "prompt_tokens": len(t.prompt_ids),
+                    "response_tokens": len(t.response_ids),
+                    "model_version": t.model_version,
+                }
+                for t in trace.triplets
+            ]
         records.append(
             {
                 "step": step,
@@ -44,10 +49,29 @@ def trajectory_records(
                 "reward": trace.reward,
                 "reward_missing": trace.reward_missing,
                 "succeeded": trace.succeeded,
+                **(
+                    {"failure_reason": trace.failure_reason, "error": trace.error_message}
+                    if not trace.succeeded
+                    else {}
+                ),
                 "calls": calls,
             }
         )
     return records
+
+
+def _text_record(call: CallText) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "prompt": call.prompt,
+        "response": call.response,
+        "prompt_tokens": call.prompt_tokens,
+        "response_tokens": call.response_tokens,
+        "model_version": call.model_version,
+        "finish_reason": call.finish_reason,
+    }
+    if not call.ok:
+        record["failed"] = True
+    return record
 
 
 class TrajectoryLog:

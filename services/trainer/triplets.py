@@ -7,9 +7,11 @@ is attached (missing -> the fill value). Every drop is counted in the caller's C
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from services._gen.agl.v1 import event_pb2
 
@@ -44,6 +46,67 @@ class CallOutcome:
     tool_calls: event_pb2.ToolCallStats | None
 
 
+@dataclass(frozen=True)
+class CallText:
+    """One model call as text, read from the full event (validation calls carry no token ids to decode)."""
+
+    prompt: str
+    response: str
+    prompt_tokens: int
+    response_tokens: int
+    model_version: int
+    finish_reason: str
+    ok: bool
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def _message_text(message: Any) -> str:
+    if not isinstance(message, dict):
+        return ""
+    content = message.get("content")
+    if isinstance(content, list):  # content parts
+        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    text = f"{message.get('role', '?')}: {content or ''}"
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", {}) if isinstance(call, dict) else {}
+        text += f"\n[tool call {function.get('name', '')}({function.get('arguments', '')})]"
+    return text
+
+
+def call_text(call: event_pb2.ModelRequest) -> CallText:
+    """The request's messages (or prompt) and the answer's message (or text) of a recorded call."""
+    request, response = _loads(call.request_json), _loads(call.response_json)
+    prompt = ""
+    if isinstance(request, dict):
+        if isinstance(request.get("messages"), list):
+            prompt = "\n".join(_message_text(m) for m in request["messages"])
+        elif "prompt" in request:
+            prompt = str(request["prompt"])
+    answer = call.response_json
+    choices = response.get("choices") if isinstance(response, dict) else None
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        first = choices[0]
+        answer = (
+            _message_text(first["message"]) if isinstance(first.get("message"), dict) else str(first.get("text", ""))
+        )
+    ok = call.status in (event_pb2.MODEL_REQUEST_STATUS_OK, event_pb2.MODEL_REQUEST_STATUS_UNSPECIFIED)
+    return CallText(
+        prompt=prompt,
+        response=answer,
+        prompt_tokens=call.usage.prompt_tokens or len(call.prompt_token_ids),
+        response_tokens=call.usage.completion_tokens or len(call.response_token_ids),
+        model_version=call.model_version,
+        finish_reason=call.finish_reason,
+        ok=ok,
+    )
+
+
 @dataclass
 class RolloutTrace:
     """A finished rollout reduced to what the data path needs."""
@@ -59,6 +122,16 @@ class RolloutTrace:
     failed_calls: int = 0
     # Every successful call, in order (the triplets are those of them with tokens to train on).
     calls: list[CallOutcome] = field(default_factory=list)
+    # The reward that counts (the last one) was posted before the rollout's last model call.
+    reward_before_last_call: bool = False
+    # Why a failed rollout failed: the FailureReason name without its prefix ("KILLED", "EXIT_CODE"), "" if none,
+    # and the ledger's error message (the controller's: exit code or signal, the agent's log path, its last line).
+    failure_reason: str = ""
+    error_message: str = ""
+    # Attempts the rollout had (retries of infrastructure failures add some); 1 when the ledger kept none.
+    attempts: int = 1
+    # Its calls as text, when read from the full events (validation rollouts with a trajectory log); else None.
+    call_texts: list[CallText] | None = None
 
 
 @dataclass
@@ -67,15 +140,19 @@ class _Scan:
     reward: float | None = None
     calls: list[CallOutcome] = field(default_factory=list)
     failed_calls: int = 0
+    # Positions (in the event sequence) of the last call, successful or not, and of the last reward.
+    last_call_at: int = -1
+    reward_at: int = -1
 
 
 def _scan(events: Iterable[event_pb2.Event], counts: Counter[str]) -> _Scan:
     """One pass over a rollout's events: triplets, the last reward, every successful call's outcome, failures."""
     scan = _Scan()
-    for event in events:
+    for position, event in enumerate(events):
         kind = event.WhichOneof("payload")
         if kind == "model_request" or (kind is None and event.event_type == MODEL_REQUEST):
             call = event.model_request
+            scan.last_call_at = position
             if call.status not in (event_pb2.MODEL_REQUEST_STATUS_OK, event_pb2.MODEL_REQUEST_STATUS_UNSPECIFIED):
                 counts[DROPPED_ERROR_CALLS] += 1
                 scan.failed_calls += 1
@@ -101,6 +178,7 @@ def _scan(events: Iterable[event_pb2.Event], counts: Counter[str]) -> _Scan:
             )
         elif kind == "reward" and event.reward.HasField("value"):
             scan.reward = event.reward.value
+            scan.reward_at = position
     return scan
 
 
@@ -113,6 +191,9 @@ def trace_from_events(
     reward_fillna_value: float,
     counts: Counter[str],
     succeeded: bool = True,
+    failure_reason: str = "",
+    error_message: str = "",
+    attempts: int = 1,
 ) -> RolloutTrace:
     """Builds a RolloutTrace; a missing reward becomes reward_fillna_value and is counted."""
     scan = _scan(events, counts)
@@ -129,4 +210,8 @@ def trace_from_events(
         succeeded=succeeded,
         failed_calls=scan.failed_calls,
         calls=scan.calls,
+        reward_before_last_call=not missing and scan.reward_at < scan.last_call_at,
+        failure_reason=failure_reason,
+        error_message=error_message,
+        attempts=attempts,
     )
