@@ -1,0 +1,72 @@
+"""An agent that fails on purpose, one way per task (`"mode"` in its input), written like any v1.0 agent.
+
+Modes: `ok` (asks the model once, posts a reward that differs between rollouts), `no_call` (posts a reward without
+asking the model), `reward_first` (posts its reward, then asks), `no_reward` (asks, posts nothing), `crash` (asks,
+then raises: a non-zero exit, the agent's own failure), `kill` / `kill_once` (asks, then announces itself in the
+task's `"faults"` folder and waits there for the test's fault injector, which SIGKILLs it from outside, as the OOM
+killer would; an agent it spares posts its reward).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.trainer.agents import tie_break
+
+
+def _headers() -> dict[str, str]:
+    key = os.environ.get("AGL_KEY", "")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _ask(question: str) -> str:
+    body = {"model": "any", "messages": [{"role": "user", "content": question}], "max_tokens": 4}
+    reply = httpx.post(f"{os.environ['AGL_OPENAI_BASE_URL']}/chat/completions", json=body, headers=_headers())
+    reply.raise_for_status()
+    return reply.json()["choices"][0]["message"]["content"] or " "
+
+
+def _reward(value: float) -> None:
+    event = {"event_type": "reward", "data": {"value": value}}
+    httpx.post(os.environ["AGL_EVENT_URL"], json=event, headers=_headers()).raise_for_status()
+
+
+def _wait_for_the_injector(faults: Path) -> None:
+    base = os.environ["AGL_OPENAI_BASE_URL"]
+    rollout, attempt = base.split("/rollout/", 1)[1].split("/")[0], base.split("/attempt/", 1)[1].split("/")[0]
+    marker = faults / f"{rollout}--{attempt}.json"
+    info = {"rollout": rollout, "ns": os.readlink("/proc/self/ns/pid"), "pid": os.getpid()}
+    marker.with_suffix(".tmp").write_text(json.dumps(info))
+    marker.with_suffix(".tmp").rename(marker)
+    deadline = time.monotonic() + 60
+    while not marker.with_suffix(".spared").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the fault injector never came")
+        time.sleep(0.05)
+
+
+class FaultyAgent:
+    def run(self) -> None:
+        task = json.loads(os.environ.get("AGL_TASK", "{}"))
+        mode = task.get("mode", "ok")
+        question = task.get("q", "?")
+        if mode == "no_call":
+            _reward(1.0)
+            return
+        if mode == "reward_first":
+            _reward(0.5)
+            _ask(question)
+            return
+        answer = _ask(question)
+        if mode == "crash":
+            raise ValueError(f"no answer to {question!r}")
+        if mode in ("kill", "kill_once"):
+            _wait_for_the_injector(Path(task["faults"]))
+        if mode == "no_reward":
+            return
+        _reward(ord(answer[0]) % 2 + tie_break(os.environ["AGL_OPENAI_BASE_URL"]))
