@@ -33,7 +33,7 @@ from .config import ProxyConfig, parse_config
 from .coordination import Coordinator
 from .errors import ProxyError
 from .event_checks import check_agent_event
-from .gateway import LedgerGateway
+from .gateway import V1_ATTEMPT, LedgerGateway
 from .metrics import ProxyMetrics
 from .readiness import Readiness
 from .recording import agent_event, refused_event
@@ -210,13 +210,19 @@ def create_app(config: ProxyConfig) -> Starlette:
         finally:
             await proxy.stop()
 
-    def scope_ids(request: Request) -> tuple[str, str]:
+    async def scope_ids(request: Request) -> tuple[str, str]:
+        """The rollout and attempt of an agent route, the caller allowed on them. With the master key, v1.0's
+        constant attempt "0" names the rollout's attempt (gateway.v1_attempt); an agent token names only its own."""
         params = request.path_params
-        proxy.auth.require_rollout(presented_key(request.headers), params["rollout_id"], params["attempt_id"])
-        return params["rollout_id"], params["attempt_id"]
+        rollout_id, attempt_id = params["rollout_id"], params["attempt_id"]
+        presented = presented_key(request.headers)
+        proxy.auth.require_rollout(presented, rollout_id, attempt_id)
+        if attempt_id == V1_ATTEMPT and proxy.auth.is_master(presented):
+            attempt_id = await proxy.gateway.v1_attempt(rollout_id)
+        return rollout_id, attempt_id
 
     async def model_call(request: Request, api: str, dialect: Dialect | None = None) -> Response:
-        rollout_id, attempt_id = scope_ids(request)
+        rollout_id, attempt_id = await scope_ids(request)
         mode = request.path_params["mode"]
         if mode not in MODES:
             raise ProxyError("not_found", f"Unknown mode {mode!r}: use train or val.")
@@ -248,24 +254,26 @@ def create_app(config: ProxyConfig) -> Starlette:
         return await translated_call(request, openai_responses.DIALECT)
 
     async def models(request: Request) -> Response:
-        scope_ids(request)
+        await scope_ids(request)
         card = {"id": config.model_name, "object": "model", "created": 0, "owned_by": "agl"}
         return JSONResponse({"object": "list", "data": [card]})
 
     async def events(request: Request) -> Response:
-        rollout_id, attempt_id = scope_ids(request)
+        rollout_id, attempt_id = await scope_ids(request)
+        master = proxy.auth.is_master(presented_key(request.headers))
         body = parse_body(await _read_body(request, config.max_body_bytes), lenient=True)
         try:
             check_agent_event(body)
-            event = agent_event(rollout_id, attempt_id, body)
+            event = agent_event(rollout_id, attempt_id, body, master=master)
         except ProxyError as err:
             await note_refusal(rollout_id, attempt_id, err, body)
             raise
-        sequence = await proxy.gateway.append(event)
+        sequence, filed_under = await proxy.gateway.append_filed(event)
         proxy.metrics.events.labels(proxy.metrics.event_type_label(event.event_type)).inc()
         # v1.0 answered with the stored Event (its clients validate `timestamp` and `data`); the time is the
-        # proxy's at the acknowledgement, within a millisecond of the ledger's own stamp.
-        answer = {"rollout_id": rollout_id, "attempt_id": attempt_id, "event_type": event.event_type}
+        # proxy's at the acknowledgement, within a millisecond of the ledger's own stamp. An event filed under no
+        # attempt (v1.0's "0" on a rollout never claimed) is v1.0's attempt "0".
+        answer = {"rollout_id": rollout_id, "attempt_id": filed_under or V1_ATTEMPT, "event_type": event.event_type}
         answer.update(sequence=sequence, timestamp=time.time(), data=body.get("data", {}))
         try:
             return JSONResponse(answer)
@@ -286,6 +294,10 @@ def create_app(config: ProxyConfig) -> Starlette:
             await proxy.gateway.append(refused_event(rollout_id, attempt_id, err, posted))
 
     async def healthz(request: Request) -> Response:
+        """Alive: exactly v1.0's body (clients compare it); what this replica knows is on /status."""
+        return JSONResponse({"status": "ok"})
+
+    async def replica_status(request: Request) -> Response:
         status = {"status": "ok", "replica_id": proxy.coordinator.replica_id, "model": config.model_name}
         status.update(endpoints=[e.url for e in proxy.routing.endpoints], paused=proxy.coordinator.paused)
         status["in_flight"] = proxy.coordinator.in_flight
@@ -374,14 +386,16 @@ def create_app(config: ProxyConfig) -> Starlette:
         Route(f"{_PREFIX}/responses", responses, methods=["POST"]),
         Route("/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", events, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/status", replica_status, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/admin/pause", pause, methods=["POST"]),
         Route("/admin/resume", resume, methods=["POST"]),
         Route("/admin/state", state, methods=["GET"]),
         Route("/admin/drain", drain, methods=["POST"]),
-        # Agent Lightning v1.0's store routes (/api/rollouts..., /api/models) over the ledger's gRPC.
-        *RestFacade(proxy.client, proxy.auth).routes(),
+        # Agent Lightning v1.0's store routes (/api/rollouts..., /api/models) over the ledger's gRPC, and its
+        # gateway management routes (/proxy/pause, /proxy/resume, /proxy/state) over the coordinator.
+        *RestFacade(proxy.client, proxy.auth, proxy.coordinator).routes(),
     ]
     app = Starlette(
         routes=routes,

@@ -16,6 +16,7 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
     "invalid_request": (400, "invalid_request_error"),
     "engine_has_no_tool_parser": (400, "invalid_request_error"),
     "unauthorized": (401, "authentication_error"),
+    "forbidden": (403, "permission_error"),
     "not_found": (404, "not_found_error"),
     "rollout_not_found": (404, "not_found_error"),
     "rollout_terminal": (409, "conflict_error"),
@@ -46,6 +47,21 @@ LEDGER_STATUS_KINDS: dict[str, str] = {
     # The ledger refuses the proxy's own key: the operator's mistake, not the agent's; nothing was recorded.
     "UNAUTHENTICATED": "ledger_refused",
     "PERMISSION_DENIED": "ledger_refused",
+}
+
+
+# gRPC status name of a failed ledger call -> HTTP status on Agent Lightning v1.0's REST routes (rest_routes.py),
+# which answer v1.0's {"detail": ...} bodies rather than OpenAI-shaped ones. Anything else is logged and answered 500.
+V1_STATUS_CODES: dict[str, int] = {
+    "NOT_FOUND": 404,
+    "FAILED_PRECONDITION": 409,
+    "ABORTED": 409,
+    "ALREADY_EXISTS": 409,
+    "INVALID_ARGUMENT": 422,
+    "OUT_OF_RANGE": 422,
+    "UNAVAILABLE": 503,
+    "DEADLINE_EXCEEDED": 503,
+    "RESOURCE_EXHAUSTED": 503,
 }
 
 

@@ -32,6 +32,7 @@ from .routing import Endpoint, RoutingTable
 
 log = logging.getLogger(__name__)
 
+V1_ATTEMPT = "0"  # Agent Lightning v1.0's only attempt id
 _TERMINAL = frozenset({rollout_pb2.ROLLOUT_STATE_SUCCEEDED, rollout_pb2.ROLLOUT_STATE_FAILED})
 _CACHE_SIZE = 100_000
 
@@ -78,6 +79,17 @@ class LedgerGateway:
                     "rollout_not_found", f"Rollout {rollout_id} has no attempt {attempt_id} (its attempt is {attempt})."
                 )
 
+    async def v1_attempt(self, rollout_id: str) -> str:
+        """The attempt Agent Lightning v1.0's constant attempt "0" names on this rollout (for master-key callers):
+        an attempt that is literally "0" (claimed by v1.0's controller), else the rollout's current attempt, else
+        none ("": the ledger files the event under the rollout's latest attempt, or under no attempt while the
+        rollout has never been claimed). 404 for an unknown rollout."""
+        _, attempt = await self._state(rollout_id)
+        if attempt == V1_ATTEMPT:
+            return attempt
+        _, attempt = await self._state(rollout_id, fresh=True)  # the cache may predate a claim
+        return attempt
+
     async def _state(self, rollout_id: str, fresh: bool = False) -> tuple[int, str]:
         cached = self._states.get(rollout_id)
         if cached is not None and not fresh and (cached[0] in _TERMINAL or time.monotonic() - cached[2] < self._ttl):
@@ -115,6 +127,10 @@ class LedgerGateway:
 
     async def append(self, event: event_pb2.Event) -> int:
         """Appends one event, refused when its rollout is terminal; returns its sequence."""
+        return (await self.append_filed(event))[0]
+
+    async def append_filed(self, event: event_pb2.Event) -> tuple[int, str]:
+        """Appends one event as `append` does; returns its sequence and the attempt the ledger filed it under."""
         try:
             response = await self._append(event)
         except ProxyError as err:
@@ -127,7 +143,9 @@ class LedgerGateway:
                 self._states.pop(event.rollout_id, None)
                 raise ProxyError("rollout_not_found", err.message) from None
             raise
-        return response.sequences[0] if response.sequences else 0
+        if not response.sequences:
+            return 0, event.attempt_id
+        return response.sequences[0], response.attempt_ids[0] if response.attempt_ids else event.attempt_id
 
     async def _append(self, event: event_pb2.Event) -> ledger_service_pb2.AppendEventsResponse:
         try:

@@ -11,6 +11,7 @@ from services._gen.agl.v1 import event_pb2
 
 from .capture import Capture
 from .errors import ProxyError
+from .v1_model_request import model_request_fields
 
 OK = event_pb2.MODEL_REQUEST_STATUS_OK
 ERROR = event_pb2.MODEL_REQUEST_STATUS_ERROR
@@ -129,13 +130,25 @@ def misspelled_reward(event_type: str) -> bool:
     return _near(normal, REWARD)
 
 
-def agent_event(rollout_id: str, attempt_id: str, payload: Any) -> event_pb2.Event:
-    """The event for a POST {"event_type": ..., "data": {...}} of an agent (422 when it is not acceptable)."""
+MODEL_REQUEST = "model_request"
+
+
+def agent_event(rollout_id: str, attempt_id: str, payload: Any, *, master: bool = False) -> event_pb2.Event:
+    """The event for a POST {"event_type": ..., "data": {...}} (422 when it is not acceptable).
+
+    A `model_request` is the record of a model call, the one thing the trainer trains on as sampled tokens: agents
+    (per-rollout tokens) cannot post one (403); a master-key writer (an importer, a test) may, in v1.0's shape."""
     if not isinstance(payload, dict):
         raise ProxyError("invalid_event", "The body must be a JSON object with `event_type` and `data`.")
     event_type = payload.get("event_type")
-    if not isinstance(event_type, str) or not event_type or event_type == "model_request":
-        raise ProxyError("invalid_event", "`event_type` must be a non-empty string other than model_request.")
+    if not isinstance(event_type, str) or not event_type:
+        raise ProxyError("invalid_event", "`event_type` must be a non-empty string.")
+    if event_type == MODEL_REQUEST and not master:
+        raise ProxyError(
+            "forbidden",
+            "A model_request event is the proxy's record of a model call: an agent's token cannot post one (the "
+            "proxy records the agent's calls itself); writing one needs the master key.",
+        )
     if misspelled_reward(event_type):
         raise ProxyError(
             "invalid_event",
@@ -149,6 +162,9 @@ def agent_event(rollout_id: str, attempt_id: str, payload: Any) -> event_pb2.Eve
         if not isinstance(event_id, str):
             raise ProxyError("invalid_event", "`event_id` must be a string.")
         event.event_id = event_id
+    if event_type == MODEL_REQUEST:
+        event.model_request.CopyFrom(event_pb2.ModelRequest(**model_request_fields(data)))
+        return event
     if event_type != REWARD:
         event.data_json = _json_text(data)
         return event

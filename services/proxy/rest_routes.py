@@ -25,6 +25,8 @@ from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
 from services.client import LedgerClient
 
 from .auth import Authorizer, presented_key
+from .coordination import Coordinator
+from .errors import V1_STATUS_CODES, ProxyError
 from .event_checks import writable
 from .rest_shapes import (
     DEFAULT_ATTEMPT_ID,
@@ -39,34 +41,25 @@ from .rest_shapes import (
     terminal_item,
 )
 from .rewrite import loads_lenient
+from .v1_gateway import GatewayControl
 
 log = logging.getLogger(__name__)
 
-# gRPC status of a failed ledger call -> HTTP status. Anything else is logged and answered 500.
-_STATUS_CODES = {
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.FAILED_PRECONDITION: 409,
-    grpc.StatusCode.ABORTED: 409,
-    grpc.StatusCode.ALREADY_EXISTS: 409,
-    grpc.StatusCode.INVALID_ARGUMENT: 422,
-    grpc.StatusCode.OUT_OF_RANGE: 422,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 503,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 503,
-}
+ALL_ATTEMPTS = "*"
+
 _MAX_BODY = 64 * 1024 * 1024
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _MAX_PAGE = 1000
 
 
-def _json(content: Any, status_code: int = 200) -> Response:
+def _json(content: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
     """JSON by orjson: a value stored with NaN or Infinity (an agent's event data) comes back as null, not a 500;
     one orjson cannot write (nested too deeply, a lone surrogate) comes back cut where it cannot (`writable`)."""
     try:
         text = orjson.dumps(content)
     except orjson.JSONEncodeError:
         text = orjson.dumps(writable(content))
-    return Response(text, status_code=status_code, media_type="application/json")
+    return Response(text, status_code=status_code, headers=headers, media_type="application/json")
 
 
 class RestError(Exception):
@@ -113,9 +106,10 @@ def _list_body(body: Any) -> list[Any]:
 class RestFacade:
     """The routes, bound to the proxy's ledger client and key."""
 
-    def __init__(self, client: LedgerClient, auth: Authorizer) -> None:
+    def __init__(self, client: LedgerClient, auth: Authorizer, coordinator: Coordinator) -> None:
         self.client = client
         self.auth = auth
+        self.gateway = GatewayControl(coordinator)
 
     def routes(self) -> list[Route]:
         wrap = self._wrap
@@ -129,6 +123,9 @@ class RestFacade:
             Route("/api/rollouts/{rollout_id}/events", wrap(self.list_events), methods=["GET"]),
             Route("/api/models", wrap(self.register_models), methods=["POST"]),
             Route("/api/models", wrap(self.delete_models), methods=["DELETE"]),
+            Route("/proxy/pause", wrap(self.pause), methods=["POST"]),
+            Route("/proxy/resume", wrap(self.resume), methods=["POST"]),
+            Route("/proxy/state", wrap(self.state), methods=["GET"]),
         ]
 
     def _wrap(self, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
@@ -139,13 +136,15 @@ class RestFacade:
                 return await handler(request)
             except RestError as err:
                 return _json({"detail": err.detail}, status_code=err.status)
+            except ProxyError as err:  # the coordinator's: the ledger away or refusing the proxy's key
+                return _json({"detail": err.message}, status_code=err.status, headers=err.headers)
             except ShapeError as err:
                 return _json({"detail": str(err)}, status_code=422)
             except UnicodeEncodeError as err:  # a string of the body with a lone surrogate (JSON's \udc80)
                 detail = f"A string in the request holds a lone surrogate, which is not text: {err.reason}."
                 return _json({"detail": detail}, status_code=422)
             except grpc.aio.AioRpcError as err:
-                status = _STATUS_CODES.get(err.code())
+                status = V1_STATUS_CODES.get(err.code().name)
                 if status is None:
                     log.error(
                         "%s %s: ledger answered %s: %s",
@@ -193,10 +192,13 @@ class RestFacade:
     async def get_rollout(self, request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
         rollout = await self.client.get_rollout(rollout_id)
+        # v1.0: the attempts that have events, in the order of their first event; events filed under no attempt
+        # (v1.0's "0" before any claim) are v1.0's attempt "0".
         attempts: list[str] = []
-        for event in await self.client.list_events(rollout_id, attempt_id="*"):
-            if event.attempt_id not in attempts:
-                attempts.append(event.attempt_id)
+        for event in await self.client.list_events(rollout_id, attempt_id=ALL_ATTEMPTS):
+            attempt = event.attempt_id or DEFAULT_ATTEMPT_ID
+            if attempt not in attempts:
+                attempts.append(attempt)
         return _json({"rollout": rollout_json(rollout), "attempts": attempts})
 
     async def patch_rollout(self, request: Request) -> Response:
@@ -231,10 +233,14 @@ class RestFacade:
             raise RestError(422, f"`format` must be triplet when given, not {fmt!r}.")
         triplet = fmt == "triplet"
         view = event_pb2.EVENT_VIEW_TRIPLET if triplet else event_pb2.EVENT_VIEW_FULL
+        # v1.0 lists the rollout's current attempt, whose events in v1.0 include those posted before the claim:
+        # here the current (or, between attempts, the latest) attempt's events and those filed under none.
+        status = (await self.client.get_rollout(rollout_id)).status
+        current = status.attempt_id or (status.attempts[-1].attempt_id if status.attempts else "")
         events = await self.client.list_events(
-            rollout_id, event_type=request.query_params.get("event_type", ""), view=view
+            rollout_id, attempt_id=ALL_ATTEMPTS, event_type=request.query_params.get("event_type", ""), view=view
         )
-        return _json([event_json(event, triplet) for event in events])
+        return _json([event_json(event, triplet) for event in events if event.attempt_id in ("", current)])
 
     # -- models ------------------------------------------------------------------------------------------------
 
@@ -248,3 +254,15 @@ class RestFacade:
         if names:
             await self.client.delete_models([model_pb2.ModelEndpointKey(model_name=name) for name in sorted(names)])
         return _json({"status": "ok"})
+
+    # -- the gateway's management (v1.0's trainer pauses and drains around every update in async mode) ------------
+
+    async def pause(self, request: Request) -> Response:
+        body = await _json_body(request)
+        return _json(await self.gateway.pause(body))
+
+    async def resume(self, request: Request) -> Response:
+        return _json(await self.gateway.resume())
+
+    async def state(self, request: Request) -> Response:
+        return _json(await self.gateway.state())

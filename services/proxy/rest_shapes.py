@@ -274,7 +274,7 @@ def event_json(event: event_pb2.Event, triplet: bool = False) -> dict[str, Any]:
     return {
         "event_type": event.event_type,
         "rollout_id": event.rollout_id,
-        "attempt_id": event.attempt_id,
+        "attempt_id": event.attempt_id or DEFAULT_ATTEMPT_ID,  # filed under no attempt: v1.0's "0"
         "timestamp": _seconds(event.create_time),
         "data": data if data is not None else {},
     }

@@ -245,10 +245,10 @@ def test_kube_play_runs_the_ledger_and_proxy_pods_of_deploy_k8s(
 
         asyncio.run(register())
         deadline = time.monotonic() + 30
-        while json.loads(_get(f"{proxy}/healthz")[1])["endpoints"] != ["http://e:1/v1"]:
-            assert time.monotonic() < deadline, _get(f"{proxy}/healthz")[1]
+        while json.loads(_get(f"{proxy}/status")[1])["endpoints"] != ["http://e:1/v1"]:
+            assert time.monotonic() < deadline, _get(f"{proxy}/status")[1]
             time.sleep(0.5)
-        assert json.loads(_get(f"{proxy}/healthz")[1])["replica_id"] == "agl-proxy-pod-0"
+        assert json.loads(_get(f"{proxy}/status")[1])["replica_id"] == "agl-proxy-pod-0"
         # Published on the host's loopback only (podman 4.3 would take 0.0.0.0 for a bare containerPort).
         published = podman.run("ps", "--filter", "pod=agl-ledger", "--format", "{{.Ports}}").stdout
         assert f"127.0.0.1:{ports[50051]}->50051/tcp" in published and "0.0.0.0" not in published

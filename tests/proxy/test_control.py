@@ -46,7 +46,7 @@ async def wait_state(proxy: Http, predicate, timeout_s: float = 10.0) -> dict:
 
 async def wait_paused_everywhere(proxies: tuple[Http, ...], paused: bool) -> None:
     deadline = time.monotonic() + 10
-    while any(httpx.get(f"{p.url}/healthz").json()["paused"] != paused for p in proxies):
+    while any(httpx.get(f"{p.url}/status").json()["paused"] != paused for p in proxies):
         assert time.monotonic() < deadline
         await asyncio.sleep(0.02)
 

@@ -44,7 +44,7 @@ async def set_endpoints(client: LedgerClient, proxy: Http, *endpoints: model_pb2
     if endpoints:
         await client.register_models(list(endpoints))
     deadline = time.monotonic() + 10
-    while sorted(httpx.get(f"{proxy.url}/healthz").json()["endpoints"]) != sorted(e.endpoint for e in endpoints):
+    while sorted(httpx.get(f"{proxy.url}/status").json()["endpoints"]) != sorted(e.endpoint for e in endpoints):
         assert time.monotonic() < deadline, "proxy did not see the endpoint change"
         await asyncio.sleep(0.02)
 
