@@ -179,3 +179,63 @@ def reward_of(events: Iterable[event_pb2.Event]) -> float | None:
         if event.WhichOneof("payload") == "reward":
             value = event.reward.value
     return value
+
+
+# -- step health -----------------------------------------------------------------------------------------------
+
+HEALTH_PREFIX = "agl/health/"
+
+
+def health_limits(config_json: str) -> dict[str, tuple[float | None, float | None]]:
+    """The (warn, stop) limits by metric name the trainer recorded in the run's config summary ("health_limits")."""
+    config = _loads(config_json)
+    raw = config.get("health_limits") if isinstance(config, dict) else None
+    limits: dict[str, tuple[float | None, float | None]] = {}
+    for name, levels in (raw or {}).items() if isinstance(raw, dict) else ():
+        if isinstance(levels, dict):
+            limits[name] = (levels.get("warn"), levels.get("stop"))
+    return limits
+
+
+def over_limit(value: float, limit: tuple[float | None, float | None] | None) -> str:
+    """ "stop" or "warn" when the value is above that limit (the trainer's rule: strictly above), else ""."""
+    if limit is None:
+        return ""
+    warn, stop = limit
+    if stop is not None and value > stop:
+        return "stop"
+    if warn is not None and value > warn:
+        return "warn"
+    return ""
+
+
+def health_table(steps: Sequence[run_pb2.RunStep], limits: dict[str, tuple[float | None, float | None]]) -> str:
+    """One line per health metric, one column per step; `!` marks a value over its warning limit, `!!` over its
+    stop limit; then the steps over a limit, one line each."""
+    names: dict[str, None] = {}
+    for step in steps:
+        names.update(dict.fromkeys(n for n in sorted(step.metrics) if n.startswith(HEALTH_PREFIX)))
+    if not names:
+        return "(no health metrics reported: a trainer older than the step health)"
+    marks = {"stop": "!!", "warn": "!", "": ""}
+    rows = []
+    flagged: list[str] = []
+    for name in names:
+        limit = limits.get(name)
+        shown = "/".join("-" if x is None else number(x) for x in limit) if limit else "-"
+        cells = []
+        for step in steps:
+            if name not in step.metrics:
+                cells.append("-")
+                continue
+            value = step.metrics[name]
+            level = over_limit(value, limit)
+            cells.append(number(value) + marks[level])
+            if level and limit is not None:
+                bound = limit[1] if level == "stop" else limit[0]
+                flagged.append(f"step {step.step}: {name}={number(value)} over the {level} limit {number(bound or 0)}")
+        rows.append((name.removeprefix(HEALTH_PREFIX), shown, *cells))
+    lines = [table(("METRIC", "WARN/STOP", *(f"step {s.step}" for s in steps)), rows)]
+    lines.append("(! over the warning limit, !! over the stop limit)")
+    lines += flagged
+    return "\n".join(lines)

@@ -25,6 +25,8 @@ PREFERRED = (
     "timing_s/gen",
 )
 MAX_COLUMNS = 6
+# Steps shown by --health when --last is not given.
+HEALTH_STEPS = 10
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -39,6 +41,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metric", action="append", default=[], help="a metric column (repeatable); default a few")
     p.add_argument("--all-metrics", action="store_true", help="every metric, one line per step and metric")
     p.add_argument("--last", type=int, default=0, help="only the last N steps")
+    p.add_argument(
+        "--health",
+        action="store_true",
+        help=f"the step health table (agl/health/* by step, marked over the run's limits; last {HEALTH_STEPS} "
+        "steps unless --last)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=show_run)
 
@@ -84,6 +92,8 @@ async def show_run(client: LedgerClient, args: argparse.Namespace) -> int:
         raise CliError("--last must not be negative", USAGE)
     run = await client.get_run(args.run_id)
     steps = await client.list_run_steps(args.run_id, metric_names=args.metric)
+    if args.health:
+        return _show_health(run, steps[-(args.last or HEALTH_STEPS) :], args.json)
     if args.last:
         steps = steps[-args.last :]
     if args.json:
@@ -116,6 +126,25 @@ async def show_run(client: LedgerClient, args: argparse.Namespace) -> int:
         for s in steps
     ]
     print(render.table(("STEP", "TIME", *names), rows))
+    return 0
+
+
+def _show_health(run: run_pb2.Run, steps: list[run_pb2.RunStep], as_json: bool) -> int:
+    limits = render.health_limits(run.config_json)
+    if as_json:
+        rows = []
+        for s in steps:
+            health = {n: v for n, v in sorted(s.metrics.items()) if n.startswith(render.HEALTH_PREFIX)}
+            over = {n: level for n, v in health.items() if (level := render.over_limit(v, limits.get(n)))}
+            rows.append({"step": s.step, "metrics": health, "over": over})
+        limits_out = {n: {"warn": w, "stop": s} for n, (w, s) in limits.items()}
+        print(render.dumps({"run_id": run.run_id, "state": render.run_state(run.state), "limits": limits_out,
+                            "steps": rows}))  # fmt: skip
+        return 0
+    print(f"run {run.run_id}  {render.run_state(run.state)}  {run.step_count} steps")
+    if run.error_message:
+        print(f"error: {run.error_message}")
+    print(render.health_table(steps, limits) if steps else "(no steps reported)")
     return 0
 
 
