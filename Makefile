@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test check protos check-protos lint format install install-dev engine-venv bench clean
+.PHONY: demo test check protos check-protos lint format install install-dev engine-venv agl1-venv bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,13 +42,37 @@ $(ENGINE_VENV)/.installed-engine:
 
 engine-venv: $(ENGINE_VENV)/.installed-engine
 
+# Agent Lightning v1.0 itself, for the compatibility suite (tests/compat): the published package in a venv of its
+# own, with what its examples need, and the examples of its source release (the wheel has none). AGL stays out of
+# it (autogen-core pins protobuf 5, AGL's generated code needs 7). agentlightning 1.0.x declares Python >= 3.12 and
+# runs on 3.11 as it is: its dependencies install as usual (each picks a release for this Python;
+# --ignore-requires-python on all of them picks numpy 2.5, which builds only on 3.12), then the package alone with
+# --ignore-requires-python.
+AGL1_VENV ?= .venv-agl1
+AGL1_PY := $(AGL1_VENV)/bin/python
+AGL1_VERSION := 1.0.2
+
+$(AGL1_VENV)/.installed-agl1: tests/compat/requirements-agl1.txt
+	rm -rf $(AGL1_VENV)
+	$(PYTHON) -m venv $(AGL1_VENV)
+	$(AGL1_PY) -m pip install --quiet --upgrade pip
+	$(AGL1_PY) -m pip install --quiet -r tests/compat/requirements-agl1.txt
+	$(AGL1_PY) -m pip install --quiet --no-deps --ignore-requires-python 'agentlightning==$(AGL1_VERSION)'
+	$(AGL1_PY) -m pip download --quiet --no-deps --no-binary :all: --ignore-requires-python \
+		-d $(AGL1_VENV)/sdist 'agentlightning==$(AGL1_VERSION)'
+	tar xzf $(AGL1_VENV)/sdist/agentlightning-$(AGL1_VERSION).tar.gz -C $(AGL1_VENV)
+	$(AGL1_PY) -m pip check
+	touch $@
+
+agl1-venv: $(AGL1_VENV)/.installed-agl1
+
 # The demo trains (verl's actor on CPU, the CPU vLLM engine): it needs the trainer extra and the engine venv.
 # Options pass through: make demo ARGS="--steps 60" (ARGS="--quick": the stand-in collection run, no training).
 ARGS ?=
 demo: $(VENV)/.installed-dev $(ENGINE_VENV)/.installed-engine
 	$(PY) tools/demo.py $(ARGS)
 
-test: $(VENV)/.installed-dev $(ENGINE_VENV)/.installed-engine
+test: $(VENV)/.installed-dev $(ENGINE_VENV)/.installed-engine $(AGL1_VENV)/.installed-agl1
 	$(PY) -m pytest tests
 
 # Static checks CI runs before the tests: generated code fresh, buf lint, ruff.
@@ -76,7 +100,7 @@ bench: $(VENV)/.installed-dev
 	for b in bench/*_bench.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) data demo-output .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINE_VENV) $(AGL1_VENV) data demo-output .pytest_cache .ruff_cache
 
 # Containers with podman (Debian: apt-get install podman runc mmdebstrap catatonit docker-compose
 # golang-github-containernetworking-plugin-dnsname): a local Debian base tagged python:3.11-slim-bookworm, then

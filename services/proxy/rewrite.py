@@ -101,11 +101,12 @@ def rewrite(body: dict[str, Any], api: str, mode: str, settings: RewriteSettings
     temperature = settings.train_temperature if mode == "train" else settings.val_temperature
     if temperature is not None:
         out["temperature"] = temperature
-    if mode == "train":
-        out["return_token_ids"] = True
-        if settings.logprobs:
-            if api == CHAT:
-                out["logprobs"] = True
-            else:
-                out["logprobs"] = max(out.get("logprobs") or 0, settings.completion_logprobs)
+    # Token ids in both modes, as v1.0's gateway forces them (its agents may decode `choices[].token_ids`, e.g. the
+    # gsm8k example's CompletionAgent, also in validation); log-probs only for training.
+    out["return_token_ids"] = True
+    if mode == "train" and settings.logprobs:
+        if api == CHAT:
+            out["logprobs"] = True
+        else:
+            out["logprobs"] = max(out.get("logprobs") or 0, settings.completion_logprobs)
     return out

@@ -172,15 +172,17 @@ async def test_tool_call_round_trip(proxy: Http, client, stream: bool) -> None:
     assert json.loads(second.request_json)["messages"][-1]["content"] == "144"
 
 
-async def test_val_mode_sets_only_model_and_temperature(proxy: Http, engine: Http, client) -> None:
+async def test_val_mode_sets_only_model_temperature_and_token_ids(proxy: Http, engine: Http, client) -> None:
     rollout_id = await new_rollout(client)
     body = {"model": "x", "messages": [{"role": "user", "content": "hello there"}], "temperature": 0.9}
     response = httpx.post(f"{base_url(proxy, rollout_id, mode='val')}/chat/completions", json=body, headers=AUTH)
     assert response.status_code == 200
     sent = last_engine_body(engine)
-    assert sent == {**body, "model": MODEL, "temperature": 0.0}
+    assert sent == {**body, "model": MODEL, "temperature": 0.0, "return_token_ids": True}
+    assert response.json()["choices"][0]["token_ids"]  # what v1.0's agents may decode, in validation too
     (recorded,) = await calls_of(client, rollout_id)
     assert not recorded.has_response_logprobs and list(recorded.response_logprobs) == []
+    assert list(recorded.response_token_ids) == response.json()["choices"][0]["token_ids"]
 
 
 async def test_models_route_names_the_configured_model(proxy: Http, client) -> None:

@@ -43,10 +43,12 @@ def test_train_mode_forces_model_temperature_token_ids_and_logprobs() -> None:
     assert body["model"] == "whatever"  # the agent's body is left alone
 
 
-def test_val_mode_only_sets_model_and_temperature() -> None:
+def test_val_mode_sets_model_temperature_and_token_ids_only() -> None:
+    """v1.0's gateway forces token ids in validation too (an agent may decode them), but no log-probs."""
     body = {"model": "x", "prompt": "p", "seed": 3, "max_tokens": 5, "top_k": 4}
     out = rewrite(body, COMPLETIONS, "val", SETTINGS)
-    assert out == {"model": MODEL, "prompt": "p", "seed": 3, "max_tokens": 5, "top_k": 4, "temperature": 0.0}
+    expected = {"model": MODEL, "prompt": "p", "seed": 3, "max_tokens": 5, "top_k": 4, "temperature": 0.0}
+    assert out == {**expected, "return_token_ids": True}
 
 
 def test_completions_logprobs_is_an_integer_and_keeps_a_larger_request() -> None:

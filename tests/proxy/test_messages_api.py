@@ -281,14 +281,14 @@ async def test_an_agent_leaving_mid_stream_is_recorded_as_incomplete(proxy: Http
 
 
 async def test_val_mode_stream_reports_input_tokens_at_the_end(proxy: Http, engine: Http, client) -> None:
-    """In val mode the proxy forces no token ids, so message_start cannot count the prompt: message_delta does."""
+    """In val mode (token ids, no log-probs forced) the stream's usage still comes whole with message_delta."""
     rollout_id = await new_rollout(client)
     url = base_url(proxy, rollout_id, mode="val").removesuffix("/v1")
     agent = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
     with agent, agent.messages.stream(model="m", max_tokens=64, messages=QUESTION) as stream:
         final = stream.get_final_message()
     sent = engine_requests(engine)["received"][-1]["body"]
-    assert "return_token_ids" not in sent and sent["temperature"] == 0.0
+    assert sent["return_token_ids"] is True and "logprobs" not in sent and sent["temperature"] == 0.0
     (recorded,) = await recorded_calls(client, rollout_id)
     assert final.content[0].text == "The answer is 42."
     assert final.usage.input_tokens == recorded.usage.prompt_tokens > 0
