@@ -11,7 +11,7 @@ import grpc
 
 from services.client import LedgerClient, RetryPolicy
 
-from . import errors, ops, rollouts, runs
+from . import errors, local, ops, rollouts, runs
 from .config import add_global_flags, from_args
 
 
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollouts.add_parsers(sub)
     runs.add_parsers(sub)
     ops.add_parsers(sub)
+    local.add_parsers(sub)
     return parser
 
 
@@ -47,6 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "local_handler", None) is not None:  # starts its own services: no --ledger client
+            return args.local_handler(args)
         return asyncio.run(run(args))
     except errors.CliError as exc:
         print(f"agl: {exc}", file=sys.stderr)

@@ -1,0 +1,195 @@
+"""Checks before anything starts: each takes seconds and fails with one line naming the problem (exit 2).
+
+Data files parse line by line, every --env-map path is in every task, the model directory is a causal LM with a
+chat template, the agent imports (in a child interpreter with the agent's import path, as the controller will
+run it) and has run(), the output folder is writable, the CPU engine is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from services.controller.agent_env import ConfigError, resolve_env_map
+
+from ..errors import USAGE, CliError
+
+# An agent class is loaded exactly as the controller's runner loads it.
+_AGENT_PROBE = """
+import sys
+from services.controller.agent_runner import load_class
+try:
+    target = load_class(sys.argv[1])
+except Exception as err:
+    print(f"cannot be loaded: {type(err).__name__}: {err}")
+    sys.exit(1)
+if not isinstance(target, type):
+    print(f"is a {type(target).__name__}, not a class")
+    sys.exit(1)
+if not callable(getattr(target, "run", None)):
+    print("has no run() method (the controller calls Class().run())")
+    sys.exit(1)
+"""
+AGENT_PROBE_TIMEOUT_S = 30.0
+
+
+def load_tasks(path: Path, what: str = "--data") -> list[Any]:
+    """Every task of a JSONL, JSON (a list) or parquet file; a bad line is named by file and line."""
+    if not path.is_file():
+        raise CliError(f"{what} {path}: no such file", USAGE)
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+
+            tasks = pq.read_table(path).to_pylist()
+        except Exception as err:  # pyarrow raises many types for a bad file
+            raise CliError(f"{what} {path}: not a readable parquet file: {err}", USAGE) from None
+    else:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise CliError(f"{what} {path}: cannot be read: {err}", USAGE) from None
+        if suffix == ".json" and text.lstrip().startswith("["):
+            try:
+                tasks = json.loads(text)
+            except ValueError as err:
+                raise CliError(f"{what} {path}: not valid JSON: {err}", USAGE) from None
+        elif suffix in (".jsonl", ".json"):
+            tasks = []
+            for number, line in enumerate(text.splitlines(), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    tasks.append(json.loads(line))
+                except ValueError as err:
+                    raise CliError(f"{path}:{number}: not valid JSON: {err}", USAGE) from None
+        else:
+            raise CliError(f"{what} {path}: expected a .jsonl, .json or .parquet file", USAGE)
+    if not tasks:
+        raise CliError(f"{what} {path}: no tasks", USAGE)
+    for number, task in enumerate(tasks, start=1):
+        if not isinstance(task, dict):
+            raise CliError(f"{path}:{number}: a task must be a JSON object, got {type(task).__name__}", USAGE)
+    return tasks
+
+
+def check_env_map(env_map: Mapping[str, str], tasks: Sequence[Any], path: Path) -> None:
+    """Every variable resolves in every task, as the controller will resolve it."""
+    for number, task in enumerate(tasks, start=1):
+        context = {"input": task, "rollout_id": "check", "attempt_id": "check", "is_train": True}
+        try:
+            resolve_env_map(env_map, context)
+        except ConfigError as err:
+            raise CliError(f"{path}:{number}: --env-map: {err}", USAGE) from None
+
+
+def check_model_dir(model: str) -> Path:
+    """A directory transformers can load as a causal LM whose tokenizer has a chat template."""
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise CliError(f"--model {model}: no such directory (a Hugging Face model folder, or 'tiny')", USAGE)
+    if not (path / "config.json").is_file():
+        raise CliError(f"--model {model}: no config.json, not a Hugging Face model directory", USAGE)
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except ValueError as err:
+        raise CliError(f"--model {model}: config.json is not valid JSON: {err}", USAGE) from None
+    architectures = config.get("architectures") or []
+    if not any(str(name).endswith(("ForCausalLM", "LMHeadModel")) for name in architectures):
+        raise CliError(f"--model {model}: config.json names no causal LM architecture ({architectures})", USAGE)
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise CliError(f"--model {model}: no weights (*.safetensors or *.bin)", USAGE)
+    template = _chat_template(path)
+    if not template:
+        raise CliError(
+            f"--model {model}: the tokenizer has no chat template; agents' chat calls need one "
+            "(set chat_template in tokenizer_config.json or add chat_template.jinja)",
+            USAGE,
+        )
+    return path.resolve()
+
+
+def _chat_template(path: Path) -> str:
+    for name in ("chat_template.jinja", "chat_template.json"):
+        if (path / name).is_file():
+            return (path / name).read_text()
+    try:
+        tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    template = tokenizer_config.get("chat_template") or ""
+    return template if isinstance(template, str) else json.dumps(template)
+
+
+def agent_import_path(cwd: Path | None = None) -> list[str]:
+    """Where the agent's modules are looked up: the directory agl runs in, then the user's PYTHONPATH."""
+    here = str((cwd or Path.cwd()).resolve())
+    return [here, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+
+
+def check_agent(agent_class: str, command: Sequence[str], checkout: Path) -> None:
+    if command:
+        program = command[0]
+        if os.sep in program:
+            if not (Path(program).is_file() and os.access(program, os.X_OK)):
+                raise CliError(f"--command: {program} is not an executable file", USAGE)
+        elif shutil.which(program) is None:
+            raise CliError(f"--command: {program!r} is not on PATH", USAGE)
+        script = command[1] if program.startswith("python") and len(command) > 1 else ""
+        if script.endswith(".py") and not Path(script).is_file():
+            raise CliError(f"--command: {command[1]}: no such file", USAGE)
+        return
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(checkout), *agent_import_path()])
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", _AGENT_PROBE, agent_class],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=AGENT_PROBE_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        took = f"importing it took over {AGENT_PROBE_TIMEOUT_S:.0f}s"
+        raise CliError(f"--agent-class {agent_class}: {took}", USAGE) from None
+    if probe.returncode != 0:
+        why = (probe.stdout.strip() or probe.stderr.strip().splitlines()[-1:] or ["failed"])[-1]
+        raise CliError(f"--agent-class {agent_class}: {why}", USAGE)
+
+
+def check_writable(folder: Path) -> Path:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".agl-write-check"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise CliError(f"--output {folder}: not writable ({err.strerror or err})", USAGE) from None
+    return folder.resolve()
+
+
+def check_engine_installed() -> None:
+    from services.engine.config import EngineConfig
+    from services.engine.launch import LaunchError, engine_python
+
+    try:
+        engine_python(EngineConfig(model_dir="."))
+    except LaunchError as err:
+        raise CliError(f"the CPU engine: {err}", USAGE) from None
+
+
+def engine_context(model_dir: Path, wanted: int) -> int:
+    """The engine's context length: prompt plus response, within the model's positions."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return wanted
+    positions = config.get("max_position_embeddings")
+    return min(wanted, int(positions)) if isinstance(positions, int) and positions > 0 else wanted

@@ -1,0 +1,121 @@
+"""Rollouts run outside a training step (the smoke rollout before training, `agl eval`, the quick demo): create
+them, follow the terminal stream until each has ended, and turn each into one plain record."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from services._gen.agl.v1 import rollout_pb2
+from services.client import LedgerClient
+
+STATE_NAMES = {
+    rollout_pb2.ROLLOUT_STATE_QUEUING: "queued",
+    rollout_pb2.ROLLOUT_STATE_RUNNING: "running",
+    rollout_pb2.ROLLOUT_STATE_SUCCEEDED: "succeeded",
+    rollout_pb2.ROLLOUT_STATE_FAILED: "failed",
+}
+REFUSED_EVENT = "proxy_refused_event"  # the proxy's warning when it refuses an agent's event (services/proxy)
+
+
+def trajectory(entry: Any) -> dict[str, Any]:
+    """One record: the rollout, its reward and its model calls with token ids."""
+    rollout = entry.rollout
+    record: dict[str, Any] = {
+        "rollout_id": rollout.rollout_id,
+        "group": rollout.metadata.labels.get("group", ""),
+        "state": STATE_NAMES.get(rollout.status.state, str(rollout.status.state)),
+        "error": rollout.status.error_message,
+        "input": json.loads(rollout.input_json or "null"),
+        "reward": None,
+        "calls": [],
+    }
+    for event in entry.events:
+        if event.event_type == "reward" and event.WhichOneof("payload") == "reward":
+            record["reward"] = event.reward.value if event.reward.HasField("value") else None
+        elif event.event_type == "model_request":
+            call = event.model_request
+            record["calls"].append(
+                {
+                    "prompt_token_ids": list(call.prompt_token_ids),
+                    "response_token_ids": list(call.response_token_ids),
+                    "response_logprobs": list(call.response_logprobs) if call.has_response_logprobs else None,
+                    "model": call.model,
+                    "model_version": call.model_version,
+                    "http_status": call.http_status,
+                }
+            )
+    return record
+
+
+async def consume_terminal(
+    client: LedgerClient,
+    labels: Mapping[str, str],
+    total: int,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """The terminal rollouts carrying labels (with their events), until `total` distinct ones arrived."""
+    records: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    async for entry in client.watch_terminal(labels=dict(labels), include_events=True):
+        if entry.rollout.rollout_id in seen:
+            continue
+        seen.add(entry.rollout.rollout_id)
+        record = trajectory(entry)
+        if on_record is not None:
+            on_record(record)
+        records.append(record)
+        if len(records) == total:
+            break
+    return records
+
+
+async def attach_proxy_warnings(client: LedgerClient, records: Sequence[dict[str, Any]]) -> None:
+    """For a rollout that failed or has no reward: the proxy's first refusal of one of its events (a misspelled
+    reward's 422, say), kept as record["proxy_error"]."""
+    for record in records:
+        if record["state"] == "succeeded" and record["reward"] is not None:
+            continue
+        warnings = await client.list_events(record["rollout_id"], attempt_id="*", event_type=REFUSED_EVENT)
+        for event in warnings[:1]:
+            try:
+                data = json.loads(event.data_json)
+                record["proxy_error"] = f"proxy refused an event ({data['status']} {data['code']}): {data['message']}"
+            except (ValueError, KeyError, TypeError):
+                continue
+
+
+def failure_line(record: Mapping[str, Any]) -> str | None:
+    """What went wrong with a rollout that failed or succeeded without a reward (None for a rewarded success)."""
+    proxy_error = record.get("proxy_error")
+    if record["state"] != "succeeded":
+        return f"{record['rollout_id']}: {record['state']}: {proxy_error or record['error'] or 'no reason recorded'}"
+    if record["reward"] is None:
+        why = proxy_error or "the agent posted no reward event and run() returned no number"
+        return f"{record['rollout_id']}: succeeded WITHOUT A REWARD: {why}"
+    return None
+
+
+async def run_rollouts(
+    client: LedgerClient,
+    specs: Sequence[rollout_pb2.RolloutSpec],
+    labels: Mapping[str, str],
+    deadline_s: float,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+    waiting: Callable[[], Awaitable[None]] | None = None,
+) -> list[dict[str, Any]]:
+    """Creates the specs (every one carries `labels`) and returns their records in spec order once all ended;
+    asyncio.TimeoutError after deadline_s. `waiting`, when given, runs beside the wait (a progress display)."""
+    await client.create_rollouts(list(specs))
+    side = asyncio.create_task(waiting()) if waiting is not None else None
+    try:
+        records = await asyncio.wait_for(consume_terminal(client, labels, len(specs), on_record), deadline_s)
+    finally:
+        if side is not None:
+            side.cancel()
+            await asyncio.gather(side, return_exceptions=True)
+    await attach_proxy_warnings(client, records)
+    order = {spec.rollout_id: index for index, spec in enumerate(specs)}
+    return sorted(records, key=lambda record: order.get(record["rollout_id"], len(order)))

@@ -1,0 +1,267 @@
+"""Options of `agl train`, `agl eval` and `agl export`: flags, a YAML file holding the same keys, and the checks
+that need no file or service (a bad combination is a usage error, exit 2, one line).
+
+The YAML file (`--config FILE`) takes every flag by its long name (dashes or underscores) plus `overrides:`, a list
+of Hydra overrides for the trainer; flags given on the command line win over the file. Hydra overrides may also
+follow the options (`agl train ... -- trainer.seed=3`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import USAGE, CliError
+
+TINY_MODEL = "tiny"
+RUNS_DIR = Path("agl-runs")
+PLACEMENTS = ("auto", "cpu", "gpu")
+EXPORT_DTYPES = ("trained", "float32", "bfloat16", "float16")
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Learning rates that move a model without wrecking it: the ~1 M-parameter tiny model needs a large one.
+DEFAULT_LR = {TINY_MODEL: 1e-4, "model": 1e-6}
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more (got {value})")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number (got {text})")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be zero or a positive number (got {text})")
+    return value
+
+
+def _add_agent_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("the agent and its tasks")
+    which = group.add_mutually_exclusive_group()
+    which.add_argument("--agent-class", help="the agent as module:Class (importable from this directory)")
+    which.add_argument("--command", help='the agent as a command line, e.g. "python agent.py"')
+    group.add_argument(
+        "--env-map",
+        action="append",
+        default=None,
+        metavar="NAME=VALUE",
+        help="an environment variable for the agent: VALUE input.FIELD takes the task's field (repeat it)",
+    )
+    group.add_argument("--rollout-timeout", type=_positive_float, default=None, help="seconds per rollout (600)")
+    group.add_argument(
+        "--max-prompt-length", type=_positive_int, default=None, help="tokens of a row's prompt (tiny 256, else 2048)"
+    )
+    group.add_argument(
+        "--max-response-length", type=_positive_int, default=None, help="tokens of a response (tiny 256, else 1024)"
+    )
+    group.add_argument("--config", type=Path, help="a YAML file with any of these options (flags win)")
+
+
+def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "train",
+        help="train your agent on your tasks on this machine (starts and stops every service)",
+        description="Starts the ledger, the proxy, the controller and an engine on free loopback ports, checks "
+        "everything first, trains with GRPO and writes a Hugging Face model directory at the end.",
+    )
+    p.add_argument("--data", type=Path, help="training tasks: JSONL (one JSON object per line), JSON or parquet")
+    p.add_argument("--val", type=Path, help="held-out tasks, scored greedily every --val-every steps")
+    _add_agent_options(p)
+    group = p.add_argument_group("the model and the run")
+    group.add_argument("--model", default=None, help="a Hugging Face model directory, or 'tiny' (the default)")
+    group.add_argument("--steps", type=_positive_int, default=None, help="GRPO steps (20)")
+    group.add_argument("--tasks-per-step", type=_positive_int, default=None, help="tasks per step (8)")
+    group.add_argument("--group-size", type=_positive_int, default=None, help="rollouts per task (4)")
+    group.add_argument("--lr", type=_non_negative_float, default=None, help="learning rate (tiny 1e-4, else 1e-6)")
+    group.add_argument("--val-every", type=_non_negative_int, default=None, help="steps between held-out scores (10)")
+    group.add_argument("--save-every", type=_positive_int, default=None, help="steps between checkpoints (10)")
+    group.add_argument("--placement", choices=PLACEMENTS, default=None, help="auto: GPUs when present, else CPU")
+    group.add_argument("--export-dtype", choices=EXPORT_DTYPES, default=None, help="dtype of the model written")
+    group.add_argument("--output", type=Path, help="results folder (agl-runs/RUN_ID)")
+    group.add_argument("--run-id", help="names the run (a new one unless --resume)")
+    group.add_argument("--resume", action="store_true", help="continue --run-id from its last checkpoint")
+    group.add_argument(
+        "--allow-no-learning", action="store_true", help="exit 0 even when no step had a learning signal"
+    )
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides for the trainer")
+    return p
+
+
+def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "eval",
+        help="score a model: the agent on every task at the validation temperature",
+        description="Starts the services and an engine serving --model, runs the agent once on every task "
+        "(greedy, as validation does), prints the mean reward and writes one JSON line per task.",
+    )
+    p.add_argument("--data", type=Path, help="the tasks to score")
+    p.add_argument("--model", default=None, help="a Hugging Face model directory (a run's model/ folder)")
+    p.add_argument("--output", type=Path, help="where the per-task JSONL goes (agl-runs/eval-<time>)")
+    p.add_argument("--concurrency", type=_positive_int, default=None, help="rollouts at once (16)")
+    _add_agent_options(p)
+    return p
+
+
+def add_export_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("export", help="write a run's latest weights as a Hugging Face model directory")
+    p.add_argument("run", help="a run id (under agl-runs/) or a run's output folder")
+    p.add_argument("--to", type=Path, help="the model directory to write (RUN/model)")
+    p.add_argument("--dtype", choices=EXPORT_DTYPES, default="trained", help="dtype of the weights written")
+    return p
+
+
+# -- merging flags with the YAML file --------------------------------------------------------------------------
+
+TRAIN_DEFAULTS: dict[str, Any] = {
+    "env_map": [],
+    "rollout_timeout": 600.0,
+    "model": TINY_MODEL,
+    "steps": 20,
+    "tasks_per_step": 8,
+    "group_size": 4,
+    "lr": None,
+    "val_every": 10,
+    "save_every": 10,
+    "placement": "auto",
+    "export_dtype": "trained",
+}
+EVAL_DEFAULTS: dict[str, Any] = {
+    "env_map": [],
+    "rollout_timeout": 600.0,
+    "concurrency": 16,
+}
+_PATHS = ("data", "val", "output", "model")
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CliError(f"--config {path}: no such file", USAGE) from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise CliError(f"--config {path}: cannot be read as YAML: {err}".replace("\n", " "), USAGE) from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise CliError(f"--config {path}: expected a mapping of option names, got {type(loaded).__name__}", USAGE)
+    return {str(key).replace("-", "_"): value for key, value in loaded.items()}
+
+
+def merge_config(args: argparse.Namespace, defaults: Mapping[str, Any], known: Sequence[str]) -> argparse.Namespace:
+    """Fills options left unset from --config, then from defaults; unknown file keys are refused."""
+    from_file = read_config_file(args.config) if getattr(args, "config", None) else {}
+    base = args.config.parent if getattr(args, "config", None) else Path(".")
+    unknown = sorted(set(from_file) - set(known) - {"overrides"})
+    if unknown:
+        raise CliError(f"--config {args.config}: unknown option(s) {', '.join(unknown)}", USAGE)
+    for name in known:
+        if getattr(args, name, None) not in (None, []):
+            continue
+        if name in from_file:
+            value = from_file[name]
+            if name in _PATHS and isinstance(value, str) and value != TINY_MODEL:
+                value = base / value
+            setattr(args, name, value)
+        elif name in defaults:
+            setattr(args, name, defaults[name])
+    if "overrides" in from_file:
+        extra = from_file["overrides"]
+        if not isinstance(extra, list) or not all(isinstance(item, str) for item in extra):
+            raise CliError(f"--config {args.config}: overrides must be a list of KEY=VALUE strings", USAGE)
+        args.overrides = [*extra, *getattr(args, "overrides", [])]
+    return args
+
+
+# -- the normalised options --------------------------------------------------------------------------------------
+
+
+def parse_env_map(items: Sequence[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in items:
+        name, sep, value = str(item).partition("=")
+        if not sep or not _ENV_NAME.match(name):
+            raise CliError(f"--env-map {item!r}: expected NAME=VALUE with NAME a variable name", USAGE)
+        if name.startswith("AGL_") and name.split("_", 1)[1] in ("OPENAI_BASE_URL", "EVENT_URL", "KEY"):
+            raise CliError(f"--env-map {name}: the controller sets it for every rollout", USAGE)
+        env[name] = value
+    return env
+
+
+def agent_launch(args: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
+    """(agent class, command argv): exactly one is set."""
+    if args.agent_class:
+        if ":" not in args.agent_class and "." not in args.agent_class:
+            raise CliError(f"--agent-class {args.agent_class!r}: expected module:Class", USAGE)
+        return str(args.agent_class), ()
+    if args.command:
+        argv = tuple(shlex.split(str(args.command))) if isinstance(args.command, str) else tuple(args.command)
+        if not argv:
+            raise CliError("--command is empty", USAGE)
+        return "", argv
+    raise CliError("say which agent to run: --agent-class module:Class or --command 'python agent.py'", USAGE)
+
+
+def check_overrides(overrides: Sequence[str]) -> list[str]:
+    for item in overrides:
+        if "=" not in item:
+            raise CliError(f"{item!r} is neither an option nor a Hydra override KEY=VALUE", USAGE)
+    return list(overrides)
+
+
+def new_run_id() -> str:
+    return f"train-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+
+
+def check_run_id(run_id: str) -> str:
+    if not _RUN_ID.match(run_id):
+        raise CliError(f"--run-id {run_id!r}: use letters, digits, '_', '.' and '-' (64 at most)", USAGE)
+    return run_id
+
+
+# Row limits by model: the tiny model has 512 positions.
+LENGTHS = {TINY_MODEL: (256, 256), "model": (2048, 1024)}
+
+
+def lengths(model: str, prompt: int | None, response: int | None) -> tuple[int, int]:
+    prompt_default, response_default = LENGTHS[TINY_MODEL if model == TINY_MODEL else "model"]
+    return prompt or prompt_default, response or response_default
+
+
+def default_lr(model: str) -> float:
+    return DEFAULT_LR[TINY_MODEL] if model == TINY_MODEL else DEFAULT_LR["model"]

@@ -1,0 +1,542 @@
+"""`agl train`: checks, the services, one smoke rollout, the trainer, a line per step, the model at the end.
+
+Everything it started stops on exit, on Ctrl-C and on SIGTERM; an interrupted run is marked failed in the
+ledger with the reason (and `--resume` continues it from its last checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from services._gen.agl.v1 import rollout_pb2, run_pb2
+
+from ..errors import FAILURE, USAGE, CliError
+from . import checks, collect, export, options, report
+from .stack import CHECKOUT, Stack, child_environment, running_stack
+
+RUN_FILE = "run.json"
+METRICS_FILE = "metrics.jsonl"
+TRAJECTORIES_FILE = "trajectories.jsonl"
+SMOKE_LABEL = "agl_smoke"
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@dataclass
+class TrainPlan:
+    """Everything `agl train` was asked for, checked."""
+
+    run_id: str
+    output: Path
+    train_file: Path
+    val_file: Path | None
+    tasks: list[Any]
+    agent_class: str
+    command: tuple[str, ...]
+    env_map: dict[str, str]
+    model: str  # a directory, or "tiny"
+    placement: str  # "cpu" or "gpu"
+    steps: int
+    tasks_per_step: int
+    group_size: int
+    lr: float
+    val_every: int
+    save_every: int
+    rollout_timeout: float
+    max_prompt_length: int
+    max_response_length: int
+    export_dtype: str
+    resume: bool
+    allow_no_learning: bool
+    overrides: list[str] = field(default_factory=list)
+    # Set by callers that prepared the model and the tasks themselves (make demo): extra trainer settings.
+    extra_overrides: list[str] = field(default_factory=list)
+    val_label: str = "held-out reward"
+    multi_turn: bool = False
+
+
+KNOWN = (
+    "data", "val", "agent_class", "command", "env_map", "rollout_timeout", "max_prompt_length",
+    "max_response_length", "model", "steps", "tasks_per_step", "group_size", "lr", "val_every", "save_every",
+    "placement", "export_dtype", "output", "run_id", "resume", "allow_no_learning",
+)  # fmt: skip
+
+
+def plan_from_args(args: argparse.Namespace) -> TrainPlan:
+    """The options merged with --config and the defaults, and every check that needs no service (CliError)."""
+    options.merge_config(args, options.TRAIN_DEFAULTS, KNOWN)
+    if args.data is None:
+        raise CliError("--data FILE is required (the training tasks, one JSON object per line)", USAGE)
+    agent_class, command = options.agent_launch(args)
+    env_map = options.parse_env_map(args.env_map or [])
+    overrides = options.check_overrides(args.overrides or [])
+    model = str(args.model)
+    args.max_prompt_length, args.max_response_length = options.lengths(
+        model, args.max_prompt_length, args.max_response_length
+    )
+    placement = resolve_placement(str(args.placement))
+    if args.resume and not args.run_id and not args.output:
+        raise CliError("--resume needs the run: --run-id ID (or --output DIR of the run)", USAGE)
+    run_id = options.check_run_id(args.run_id) if args.run_id else ""
+    output = Path(args.output) if args.output else None
+    if output is not None and output.joinpath(RUN_FILE).is_file() and not run_id:
+        run_id = str(json.loads(output.joinpath(RUN_FILE).read_text()).get("run_id", ""))
+    run_id = run_id or options.new_run_id()
+    output = (output or options.RUNS_DIR / run_id).resolve()
+    recorded = read_run_file(output)
+    if recorded is not None and not args.resume:
+        raise CliError(
+            f"run {recorded.get('run_id')} already exists in {output}; continue it with --resume, or choose another "
+            "--run-id / --output",
+            USAGE,
+        )
+    if args.resume:
+        if recorded is None:
+            raise CliError(f"--resume: no run to continue in {output} (no {RUN_FILE})", USAGE)
+        if recorded.get("run_id") != run_id:
+            raise CliError(f"--resume: {output} holds run {recorded.get('run_id')}, not {run_id}", USAGE)
+    started = time.monotonic()
+    tasks = checks.load_tasks(Path(args.data))
+    val_tasks = checks.load_tasks(Path(args.val), "--val") if args.val else []
+    checks.check_env_map(env_map, tasks, Path(args.data))
+    if val_tasks:
+        checks.check_env_map(env_map, val_tasks, Path(args.val))
+    if len(tasks) < args.tasks_per_step:
+        raise CliError(f"--data {args.data}: {len(tasks)} tasks, fewer than --tasks-per-step {args.tasks_per_step}")
+    if model != options.TINY_MODEL:
+        model = str(checks.check_model_dir(model))
+    checks.check_agent(agent_class, command, CHECKOUT)
+    checks.check_writable(output)
+    if placement == "cpu":
+        checks.check_engine_installed()
+    if args.val_every and not val_tasks:
+        args.val_every = 0  # nothing to score: validation stays off (said in the plan line)
+    lr = float(args.lr) if args.lr is not None else options.default_lr(model)
+    plan = TrainPlan(
+        run_id=run_id,
+        output=output,
+        train_file=Path(args.data).resolve(),
+        val_file=Path(args.val).resolve() if args.val else None,
+        tasks=tasks,
+        agent_class=agent_class,
+        command=command,
+        env_map=env_map,
+        model=model,
+        placement=placement,
+        steps=int(args.steps),
+        tasks_per_step=int(args.tasks_per_step),
+        group_size=int(args.group_size),
+        lr=lr,
+        val_every=int(args.val_every),
+        save_every=int(args.save_every),
+        rollout_timeout=float(args.rollout_timeout),
+        max_prompt_length=int(args.max_prompt_length),
+        max_response_length=int(args.max_response_length),
+        export_dtype=str(args.export_dtype),
+        resume=bool(args.resume),
+        allow_no_learning=bool(args.allow_no_learning),
+        overrides=overrides,
+    )
+    plan.checks_s = time.monotonic() - started  # type: ignore[attr-defined]
+    return plan
+
+
+def resolve_placement(placement: str) -> str:
+    if placement == "cpu":
+        return "cpu"
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        gpus = 0
+    if placement == "gpu" and gpus == 0:
+        raise CliError("--placement gpu: torch sees no CUDA device here", USAGE)
+    return "gpu" if gpus else "cpu"
+
+
+def read_run_file(output: Path) -> dict[str, Any] | None:
+    path = output / RUN_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        return {"run_id": "?"}
+
+
+def write_run_file(plan: TrainPlan, base_model: Path, state: str, **extra: Any) -> None:
+    record = {
+        "run_id": plan.run_id,
+        "state": state,
+        "base_model": str(base_model),
+        "weights": str(plan.output / "state" / "weights"),
+        "agent_class": plan.agent_class,
+        "command": list(plan.command),
+        "data": str(plan.train_file),
+        "val": str(plan.val_file) if plan.val_file else None,
+        "env_map": plan.env_map,
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **extra,
+    }
+    (plan.output / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+# -- the model --------------------------------------------------------------------------------------------------
+
+
+def task_strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from task_strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from task_strings(item)
+
+
+def tiny_model(plan: TrainPlan, out: TextIO) -> Path:
+    """A ~1 M-parameter model with random weights and a tokenizer learned from the tasks' text: it shows the whole
+    path works; it learns little. A real model (--model DIR) is what a user trains."""
+    from services.engine.tiny_model import build_tiny_model
+
+    path = plan.output / "base-model"
+    if (path / "config.json").is_file():
+        return path
+    out.write("model: a tiny random model (--model tiny; pass --model DIR to train a real one)\n")
+    partial = path.with_name("base-model.partial")
+    build_tiny_model(partial, corpus=[text for task in plan.tasks for text in task_strings(task)])
+    partial.rename(path)
+    return path
+
+
+# -- the trainer --------------------------------------------------------------------------------------------------
+
+
+def trainer_overrides(plan: TrainPlan, stack: Stack, model_path: Path) -> list[str]:
+    state = plan.output / "state"
+    launch = [f"agl.launch.agent_class={plan.agent_class}"] if plan.agent_class else []
+    if plan.command:
+        launch.append("agl.launch.command=" + json.dumps(list(plan.command)))
+    val = [f"data.val_files={plan.val_file}"] if plan.val_file else ["data.val_files=null"]
+    overrides = [
+        f"placement={'cpu' if plan.placement == 'cpu' else 'colocated'}",
+        f"agl.run_id={plan.run_id}",
+        f"agl.ledger_address={stack.ledger}",
+        f"agl.model_name={stack.model_name}",
+        *launch,
+        *(f"+agl.launch.env_map.{name}={json.dumps(value)}" for name, value in plan.env_map.items()),
+        f"agl.launch.timeout_seconds={plan.rollout_timeout}",
+        f"agl.output_dir={state}",
+        f"agl.state_dir={state / 'manager'}",
+        f"agl.trajectory_log={plan.output / TRAJECTORIES_FILE}",
+        "agl.progress=false",
+        f"data.train_files={plan.train_file}",
+        *val,
+        f"data.train_batch_size={plan.tasks_per_step}",
+        f"data.max_prompt_length={plan.max_prompt_length}",
+        f"actor_rollout_ref.rollout.n={plan.group_size}",
+        f"actor_rollout_ref.rollout.response_length={plan.max_response_length}",
+        f"actor_rollout_ref.model.path={model_path}",
+        f"actor_rollout_ref.actor.optim.lr={plan.lr}",
+        f"trainer.total_training_steps={plan.steps}",
+        f"trainer.test_freq={plan.val_every if plan.val_every > 0 and plan.val_file else -1}",
+        f"trainer.val_before_train={'true' if plan.val_file else 'false'}",
+        f"trainer.save_freq={plan.save_every}",
+        "trainer.resume_mode=auto",
+        "trainer.logger=[console,file]",
+        f"trainer.default_local_dir={plan.output / 'checkpoints'}",
+    ]
+    if plan.placement == "cpu":
+        overrides.append(f"agl.engines.weights_dir={state / 'weights'}")
+    else:
+        import torch
+
+        overrides.append(f"trainer.n_gpus_per_node={torch.cuda.device_count()}")
+    # The caller's settings win: the example's, then the user's own Hydra overrides.
+    return [*overrides, *plan.extra_overrides, *plan.overrides]
+
+
+@contextlib.contextmanager
+def trainer_process(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The trainer in its own process group (Ray's processes with it), stopped as a group on the way out."""
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            list(argv), stdout=log_file, stderr=subprocess.STDOUT, env=dict(env), cwd=CHECKOUT, start_new_session=True
+        )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=20)
+        # Ray's helpers share the group and may outlive the driver: nothing of the run stays behind.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def trainer_error(log_path: Path) -> str:
+    """The line of the trainer's log that says why it stopped: its own one-line refusal, else the last error."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "no trainer log"
+    for line in reversed(lines):
+        if line.startswith("agl-trainer: "):
+            return line.removeprefix("agl-trainer: ")
+    for line in reversed(lines):
+        text = line.strip()
+        if text and (text.split(":", 1)[0].endswith(("Error", "Exception")) or text.startswith("ray.exceptions")):
+            return text[:400]
+    return (lines[-1] if lines else "the trainer wrote nothing")[:400]
+
+
+def follow(
+    proc: subprocess.Popen[bytes],
+    trainer_metrics: Path,
+    history: Path,
+    plan: TrainPlan,
+    out: TextIO,
+    records: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Prints each step the trainer logs and appends it to the run's history (verl's file logger starts its file
+    anew at every launch, so a resumed run would lose the steps before). Records go into `records` as they come
+    (an interruption still knows the last step)."""
+    started = time.monotonic()
+    offset = 0
+    while True:
+        done = proc.poll() is not None
+        fresh, offset = report.read_metrics(trainer_metrics, offset)
+        if fresh:
+            with history.open("a") as sink:
+                sink.writelines(json.dumps(record) + "\n" for record in fresh)
+        for record in fresh:
+            if not records:
+                started = time.monotonic()  # the pace counts from the first record, after the start-up
+            records.append(record)
+            step = int(record["step"])
+            done_here = step - int(records[0]["step"])
+            # The pace of this launch (a resumed run does not count the steps it inherited), as progress_bar wants it.
+            elapsed = (time.monotonic() - started) / done_here * step if done_here > 0 else None
+            line = report.step_line(
+                record,
+                plan.steps,
+                multi_turn=plan.multi_turn,
+                val_label=plan.val_label,
+                elapsed_s=elapsed,
+            )
+            out.write(line + "\n")
+            out.flush()
+        if done:
+            return records
+        time.sleep(0.25)
+
+
+# -- the run ------------------------------------------------------------------------------------------------------
+
+
+async def mark_run(stack: Stack, run_id: str, message: str) -> bool:
+    """Marks the run failed with message unless it already ended; whether it was marked."""
+    async with stack.client() as client:
+        try:
+            run = await client.get_run(run_id)
+        except Exception:  # no run yet (the trainer never got to create it): nothing to mark
+            return False
+        if run.state != run_pb2.RUN_STATE_RUNNING:
+            return False
+        await client.update_run_state(run_id, run_pb2.RUN_STATE_FAILED, message)
+        return True
+
+
+def agent_log(stack: Stack, rollout_id: str) -> Path:
+    from services.controller.local_runner import file_stem
+
+    return stack.agent_logs / f"{file_stem(rollout_id)}.log"
+
+
+async def clear_stale_pause(stack: Stack) -> str:
+    """A trainer stopped during a weight update leaves the proxies paused in the ledger (the pause is durable, so
+    that every replica honours it): no trainer runs yet, so nothing should be paused. The reason, when cleared."""
+    async with stack.client() as client:
+        control = await client.get_proxy_control()
+        if not control.paused:
+            return ""
+        await client.set_proxy_pause(False)
+        return control.reason or "no reason recorded"
+
+
+async def smoke_rollout(plan: TrainPlan, stack: Stack) -> dict[str, Any]:
+    """One rollout of the first task through the whole stack (greedy, as validation runs), before training."""
+    rollout_id = f"{plan.run_id}-smoke-{int(time.time())}"
+    config = rollout_pb2.RolloutConfig(
+        timeout_seconds=plan.rollout_timeout,
+        local=rollout_pb2.LocalLaunchConfig(
+            agent_class=plan.agent_class, command=list(plan.command), env_map=plan.env_map
+        ),
+    )
+    labels = {SMOKE_LABEL: plan.run_id}
+    spec = rollout_pb2.RolloutSpec(
+        rollout_id=rollout_id,
+        input_json=json.dumps(plan.tasks[0]),
+        is_train=False,
+        config=config,
+        metadata=rollout_pb2.RolloutMetadata(labels=labels),
+    )
+    async with stack.client() as client:
+        [record] = await collect.run_rollouts(client, [spec], labels, deadline_s=plan.rollout_timeout + 120)
+        await client.delete_rollouts([rollout_id])
+    return record
+
+
+def smoke_problem(record: Mapping[str, Any], log: Path) -> str | None:
+    failed = collect.failure_line(record)
+    if failed:
+        return f"{failed} (agent log: {log})"
+    if not record["calls"]:
+        return f"{record['rollout_id']}: the agent made no model call through AGL_OPENAI_BASE_URL (agent log: {log})"
+    bad = [call for call in record["calls"] if call.get("http_status", 200) >= 400]
+    if bad:
+        return f"{record['rollout_id']}: a model call got HTTP {bad[0]['http_status']} (agent log: {log})"
+    return None
+
+
+def raise_on_signals() -> dict[int, Any]:
+    """SIGINT and SIGTERM unwind as Interrupted, so every context manager stops what it started; Ctrl-C works even
+    where agl was started with SIGINT ignored (a shell's background job)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Interrupted(signum)
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, handler)
+    return previous
+
+
+def train(plan: TrainPlan, out: TextIO = sys.stdout, *, base_model: Path | None = None) -> int:
+    """Runs the plan; the exit code. base_model: a model the caller prepared (else --model, or the tiny one)."""
+    plan.output.mkdir(parents=True, exist_ok=True)
+    model_path = base_model or (tiny_model(plan, out) if plan.model == options.TINY_MODEL else Path(plan.model))
+    if not plan.resume:
+        for stale in (METRICS_FILE, TRAJECTORIES_FILE, "reward_curve.png"):
+            (plan.output / stale).unlink(missing_ok=True)
+    write_run_file(plan, model_path, "running")
+    previous = raise_on_signals()
+    records: list[dict[str, Any]] = []
+    try:
+        # A resumed run's engine starts from the base model too: the trainer pushes the checkpoint's weights first.
+        engine_model = model_path if plan.placement == "cpu" else None
+        with running_stack(
+            plan.output,
+            model_dir=engine_model,
+            max_model_len=checks.engine_context(model_path, plan.max_prompt_length + plan.max_response_length),
+            concurrency=max(8, plan.tasks_per_step * plan.group_size),
+            agent_path=checks.agent_import_path(),
+            out=out,
+        ) as stack:
+            try:
+                code, figures = _train_in(stack, plan, model_path, out, records)
+            except Interrupted as stop:
+                # Marked while the ledger still runs; a second signal meanwhile is ignored (the stop is bounded).
+                for sig in previous:
+                    signal.signal(sig, signal.SIG_IGN)
+                step = max((int(r["step"]) for r in records), default=0)
+                with contextlib.suppress(Exception):
+                    asyncio.run(mark_run(stack, plan.run_id, f"interrupted by {stop} after step {step}"))
+                raise
+    except Interrupted as stop:
+        step = max((int(r["step"]) for r in records), default=0)
+        write_run_file(plan, model_path, "interrupted", step=step)
+        out.write(
+            f"\nagl train: interrupted by {stop} after step {step}; everything it started has been stopped. "
+            f"Continue with: agl train --run-id {plan.run_id} --resume (and the same options)\n"
+        )
+        return 128 + stop.signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if code != 0:
+        return code
+    model_dir = export.export_model(plan.output, plan.output / "model", dtype=plan.export_dtype)
+    write_run_file(plan, model_path, "succeeded", model=str(model_dir), **figures)
+    out.write(
+        f"model: {model_dir} (transformers: AutoModelForCausalLM.from_pretrained('{model_dir}'); "
+        f"serve it: agl-engine --model-dir {model_dir}; score it: agl eval --model {model_dir} ...)\n"
+    )
+    if figures["trained_steps"] == 0:
+        out.write(
+            "agl train: no step had a learning signal (every group's rewards were equal), the model did not change; "
+            "check the rewards in the trajectories (--allow-no-learning exits 0 anyway)\n"
+        )
+        return 0 if plan.allow_no_learning else FAILURE
+    return 0
+
+
+def _train_in(
+    stack: Stack, plan: TrainPlan, model_path: Path, out: TextIO, records: list[dict[str, Any]]
+) -> tuple[int, dict[str, Any]]:
+    """The smoke rollout, then the trainer followed to its end: (exit code, the summary's figures)."""
+    out.write(f"console: {stack.console_url} (sign in with the key in {stack.key_file})\n")
+    stale = asyncio.run(clear_stale_pause(stack))
+    if stale:
+        out.write(f"resumed the proxies, paused by the interrupted trainer ({stale})\n")
+    if plan.placement == "cpu":
+        out.write("smoke rollout: the agent on the first task through the stack...\n")
+        out.flush()
+        record = asyncio.run(smoke_rollout(plan, stack))
+        problem = smoke_problem(record, agent_log(stack, record["rollout_id"]))
+        if problem:
+            write_run_file(plan, model_path, "failed", error=problem)
+            out.write(f"agl train: the smoke rollout failed, nothing was trained: {problem}\n")
+            return USAGE, {}
+        out.write(f"smoke rollout: ok ({len(record['calls'])} model call(s), reward {record['reward']})\n")
+    argv = [sys.executable, "-m", "services.trainer", *trainer_overrides(plan, stack, model_path)]
+    log_path = stack.logs / "trainer.log"
+    trainer_metrics = stack.logs / "trainer-metrics.jsonl"
+    trainer_metrics.unlink(missing_ok=True)
+    env = child_environment({"VERL_FILE_LOGGER_PATH": str(trainer_metrics), "AGL_KEY": stack.key})
+    what = f"{plan.steps} steps of {plan.tasks_per_step} tasks x {plan.group_size} rollouts"
+    verb = "resuming" if plan.resume else "training"
+    out.write(f"run {plan.run_id}: {verb}, {what}, {plan.placement} (trainer log: {log_path})\n")
+    out.flush()
+    metrics_path = plan.output / METRICS_FILE
+    with trainer_process(argv, env, log_path) as proc:
+        follow(proc, trainer_metrics, metrics_path, plan, out, records)
+    if proc.returncode != 0:
+        why = trainer_error(log_path)
+        asyncio.run(mark_run(stack, plan.run_id, f"the trainer exited with {proc.returncode}: {why}"))
+        write_run_file(plan, model_path, "failed", error=why)
+        out.write(f"agl train: the trainer stopped (exit {proc.returncode}): {why}\n  log: {log_path}\n")
+        return FAILURE, {}
+    everything = report.read_metrics(metrics_path, 0)[0]
+    label = "held-out greedy " + plan.val_label.split()[-1]
+    figures = report.summary(everything, plan.output, out, tools=plan.multi_turn, val_label=label)
+    out.write("stopping the services\n")
+    return 0, figures
+
+
+def run_train_command(args: argparse.Namespace) -> int:
+    plan = plan_from_args(args)
+    multi = "s" if len(plan.tasks) != 1 else ""
+    print(f"checks passed in {plan.checks_s:.1f}s: {len(plan.tasks)} task{multi}, output {plan.output}")  # type: ignore[attr-defined]
+    return train(plan)

@@ -1,0 +1,146 @@
+"""The services a local run needs, started the way deploy/docker-compose.yaml starts them (deploy/local_stack.py:
+the same commands, environment and health checks, on free loopback ports), with the master key on and an
+engine serving the model, registered in the ledger. Stopped, in reverse order, on the way out.
+
+`agl train` and `agl eval` run from an AGL checkout: the CPU engine's venv and the compose file live there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from services._gen.agl.v1 import model_pb2
+from services.client import LedgerClient
+
+from ..errors import USAGE, CliError
+
+CHECKOUT = Path(__file__).resolve().parents[3]
+COMPOSE = CHECKOUT / "deploy" / "docker-compose.yaml"
+KEY_FILE = "key"
+
+
+def local_stack() -> Any:
+    """deploy.local_stack of this checkout (deploy/ is not an installed package)."""
+    if not COMPOSE.is_file():
+        raise CliError(
+            f"agl train/eval start the services from an AGL checkout; {COMPOSE} is missing "
+            "(install AGL with `pip install -e .` from a clone)",
+            USAGE,
+        )
+    if str(CHECKOUT) not in sys.path:
+        sys.path.insert(0, str(CHECKOUT))
+    from deploy import local_stack as module
+
+    return module
+
+
+@dataclass(frozen=True)
+class Stack:
+    ledger: str
+    key: str
+    key_file: Path
+    model_name: str
+    proxy_url: str
+    engine_url: str  # "" when no engine was started (verl's own replicas serve the model)
+    console_url: str
+    logs: Path
+    agent_logs: Path
+
+    def client(self) -> LedgerClient:
+        return LedgerClient(self.ledger, key=self.key)
+
+
+def write_key(folder: Path) -> tuple[str, Path]:
+    """The run's master key: kept in a file only the user can read (the console asks for it), reused on resume."""
+    path = folder / KEY_FILE
+    if path.is_file():
+        key = path.read_text().strip()
+        if key:
+            return key, path
+    folder.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(18)
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(key + "\n")
+    return key, path
+
+
+async def register_engine(ledger: str, key: str, model_name: str, engine_url: str) -> None:
+    async with LedgerClient(ledger, key=key) as client:
+        # The store outlives a run (resume): endpoints registered before point at ports that are gone now.
+        await client.delete_models([model_pb2.ModelEndpointKey(model_name=model_name)])
+        await client.register_models([model_pb2.ModelEndpoint(model_name=model_name, endpoint=engine_url)])
+
+
+@contextlib.contextmanager
+def running_stack(
+    folder: Path,
+    *,
+    model_dir: Path | None,
+    max_model_len: int,
+    concurrency: int,
+    agent_path: list[str],
+    out: TextIO,
+    console: bool = True,
+) -> Iterator[Stack]:
+    """Ledger (SQLite under folder/stack), proxy, controller, the CPU engine when model_dir is given, and the
+    console; the agent's import path goes to the controller."""
+    stack_module = local_stack()
+    key, key_file = write_key(folder)
+    wanted = ["ledger", "proxy", "controller", *(["engine"] if model_dir else []), *(["console"] if console else [])]
+    variables = {**os.environ, "AGL_KEY": key}
+    specs = stack_module.load_compose(variables, ["engine", "console"])
+    specs = {name: specs[name] for name in wanted}
+    data_dir = folder / "stack"
+    logs = folder / "logs"
+    agent_logs = logs / "agents"
+    overrides: dict[str, dict[str, str]] = {
+        "controller": {
+            "AGL_CONTROLLER_LOG_DIR": str(agent_logs),
+            "AGL_CONTROLLER_MAX_CONCURRENCY": str(max(1, concurrency)),
+        },
+    }
+    if model_dir:
+        overrides["engine"] = {"AGL_ENGINE_MODEL_DIR": str(model_dir), "AGL_ENGINE_MAX_MODEL_LEN": str(max_model_len)}
+    plans = stack_module.localize(specs, data_dir, overrides)
+    # The controller's agents import the user's modules from where agl runs (the agent runner follows PYTHONPATH).
+    user_path = os.environ.get("PYTHONPATH", "")
+    parts = [*agent_path, *user_path.split(os.pathsep)]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in parts if p))
+    note = " (the engine takes ~40 s)" if model_dir else ""
+    out.write(f"starting {', '.join(wanted)}{note}; logs in {logs}\n")
+    out.flush()
+    try:
+        with stack_module.run_stack(plans, stack_module.start_order(specs), logs, health_timeout_s=300.0) as running:
+            ledger = running["ledger"].address(int(specs["ledger"].env["AGL_LEDGER_PORT"]))
+            model_name = specs["proxy"].env["AGL_MODEL_NAME"]
+            proxy_url = "http://" + running["proxy"].address(int(specs["proxy"].env["AGL_PROXY_PORT"]))
+            engine_url = ""
+            if model_dir:
+                port = int(specs["engine"].env["AGL_ENGINE_PORT"])
+                engine_url = f"http://{running['engine'].address(port)}/v1"
+                asyncio.run(register_engine(ledger, key, model_name, engine_url))
+            console_url = ""
+            if console:
+                console_url = "http://{}/".format(
+                    running["console"].address(int(specs["console"].env["AGL_CONSOLE_PORT"]))
+                )
+            yield Stack(ledger, key, key_file, model_name, proxy_url, engine_url, console_url, logs, agent_logs)
+    except stack_module.StackError as err:
+        raise CliError(f"a service did not start: {err}") from None
+    finally:
+        os.environ["PYTHONPATH"] = user_path
+        if not user_path:
+            os.environ.pop("PYTHONPATH", None)
+
+
+def child_environment(extra: Mapping[str, str]) -> dict[str, str]:
+    return local_stack().child_environment(extra)
