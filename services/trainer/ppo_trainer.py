@@ -406,9 +406,9 @@ class AglPPOTrainer(RayPPOTrainer):
                 try:
                     with marked_timer("step", timing):
                         batch = self._train_step(samples, metrics, timing)
-                except HealthStop as stop:
-                    # The step that showed it is on record (`agl run ID --health`) before the run ends.
-                    log.error("health stop: %s", stop)
+                except HealthStop:
+                    # The step that showed it is on record (`agl run ID --health`) before the run ends; the line
+                    # itself is the driver's last word (services/trainer/__main__.py).
                     metrics["agl/health/stopped"] = 1.0
                     metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
                     self._report(tracker, metrics)
