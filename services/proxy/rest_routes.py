@@ -39,6 +39,7 @@ from .rest_shapes import (
     rollout_spec,
     status_patch,
     terminal_item,
+    transition_refusal,
 )
 from .rewrite import loads_lenient
 from .v1_gateway import GatewayControl
@@ -144,6 +145,9 @@ class RestFacade:
                 detail = f"A string in the request holds a lone surrogate, which is not text: {err.reason}."
                 return _json({"detail": detail}, status_code=422)
             except grpc.aio.AioRpcError as err:
+                rollout_id = request.path_params.get("rollout_id")
+                if err.code() == grpc.StatusCode.NOT_FOUND and rollout_id is not None:
+                    return _json({"detail": f"Rollout not found: {rollout_id}"}, status_code=404)  # v1.0's words
                 status = V1_STATUS_CODES.get(err.code().name)
                 if status is None:
                     log.error(
@@ -167,6 +171,8 @@ class RestFacade:
 
     async def list_rollouts(self, request: Request) -> Response:
         names = request.query_params.getlist("state_in")
+        if not names:
+            raise RestError(422, f"Query parameter `state_in` is required (one or more of {', '.join(STATES)}).")
         unknown = [name for name in names if name not in STATES]
         if unknown:
             raise RestError(422, f"Unknown state(s) {', '.join(unknown)}: use {', '.join(STATES)}.")
@@ -208,6 +214,9 @@ class RestFacade:
         if not patch:
             return _json(rollout_json(current))
         state = STATES[patch["state"]] if "state" in patch else current.status.state
+        refused = transition_refusal(rollout_id, current.status.state, state)
+        if refused:
+            raise RestError(409, refused)
         attempt_id = patch.get("last_attempt_id", "")
         if state == rollout_pb2.ROLLOUT_STATE_RUNNING and not attempt_id and not current.status.attempt_id:
             attempt_id = DEFAULT_ATTEMPT_ID  # v1.0 runs every rollout as attempt "0"
@@ -228,10 +237,7 @@ class RestFacade:
 
     async def list_events(self, request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
-        fmt = request.query_params.get("format")
-        if fmt not in (None, "", "triplet"):
-            raise RestError(422, f"`format` must be triplet when given, not {fmt!r}.")
-        triplet = fmt == "triplet"
+        triplet = request.query_params.get("format") == "triplet"  # anything else lists in full, as in v1.0
         view = event_pb2.EVENT_VIEW_TRIPLET if triplet else event_pb2.EVENT_VIEW_FULL
         # v1.0 lists the rollout's current attempt, whose events in v1.0 include those posted before the claim:
         # here the current (or, between attempts, the latest) attempt's events and those filed under none.

@@ -9,6 +9,7 @@ their payload as `data`. Bad bodies raise ShapeError, answered 422 as v1.0 (Fast
 from __future__ import annotations
 
 import math
+import uuid
 from typing import Any
 
 import orjson
@@ -82,10 +83,11 @@ def rollout_spec(item: Any, index: int) -> rollout_pb2.RolloutSpec:
         raise ShapeError(f"{where}.input is required.")
     spec = rollout_pb2.RolloutSpec(input_json=_json_text(item["input"], f"{where}.input"))
     rollout_id = item.get("rollout_id")
-    if rollout_id is not None:
-        if not isinstance(rollout_id, str):
-            raise ShapeError(f"{where}.rollout_id must be a string.")
-        spec.rollout_id = rollout_id
+    if rollout_id is None:
+        rollout_id = uuid.uuid4().hex  # v1.0's id for a rollout created without one
+    if not isinstance(rollout_id, str):
+        raise ShapeError(f"{where}.rollout_id must be a string.")
+    spec.rollout_id = rollout_id
     is_train = item.get("is_train", True)
     if not isinstance(is_train, bool):
         raise ShapeError(f"{where}.is_train must be a boolean.")
@@ -187,6 +189,25 @@ def terminal_item(rollout: rollout_pb2.Rollout) -> dict[str, Any]:
         "data_id": data_id(rollout),
         "is_train": rollout.is_train,
     }
+
+
+# v1.0's transition table (its schemas.VALID_TRANSITIONS) and AGL's one addition, running -> running (a running
+# attempt's fields change along it). The ledger enforces its own table; this one gives v1.0's words first.
+_TRANSITIONS = {
+    rollout_pb2.ROLLOUT_STATE_QUEUING: {rollout_pb2.ROLLOUT_STATE_RUNNING, rollout_pb2.ROLLOUT_STATE_FAILED},
+    rollout_pb2.ROLLOUT_STATE_RUNNING: {
+        rollout_pb2.ROLLOUT_STATE_RUNNING,
+        rollout_pb2.ROLLOUT_STATE_SUCCEEDED,
+        rollout_pb2.ROLLOUT_STATE_FAILED,
+    },
+}
+
+
+def transition_refusal(rollout_id: str, current: int, target: int) -> str | None:
+    """v1.0's 409 detail for a transition it refuses, or None when the move is allowed."""
+    if target in _TRANSITIONS.get(current, ()):
+        return None
+    return f"Rollout {rollout_id}: cannot transition {STATE_NAMES.get(current)} -> {STATE_NAMES.get(target)}"
 
 
 def status_patch(body: Any) -> dict[str, Any]:

@@ -35,14 +35,22 @@ def pause_request(body: Any) -> tuple[int, str]:
     return retry_after, reason or ""
 
 
-def state_answer(described: dict[str, Any]) -> dict[str, Any]:
-    """v1.0's PauseStateResponse from the coordinator's description of the ledger's proxy control."""
+def state_answer(
+    described: dict[str, Any], local_id: str, local_generation: int, local_in_flight: int
+) -> dict[str, Any]:
+    """v1.0's PauseStateResponse from the coordinator's description of the ledger's proxy control. The replica
+    answering knows its own state first-hand (it may not have reported it yet): its calls count as it counts them,
+    as one at least while it has not applied the pause."""
     paused = bool(described["paused"])
     generation = described["generation"]
     inflight = 0
     for replica in described["replicas"]:
+        if replica["replica_id"] == local_id:
+            continue
         lagging = paused and replica["observed_generation"] < generation
         inflight += max(replica["in_flight"], 1 if lagging else 0)
+    lagging = paused and local_generation < generation
+    inflight += max(local_in_flight, 1 if lagging else 0)
     return {
         "paused": paused,
         "retry_after_seconds": described["retry_after_seconds"] or DEFAULT_RETRY_AFTER_S,
@@ -57,10 +65,14 @@ class GatewayControl:
 
     async def pause(self, body: Any) -> dict[str, Any]:
         retry_after, reason = pause_request(body)
-        return state_answer(await self.coordinator.pause(retry_after, reason))
+        return self._answer(await self.coordinator.pause(retry_after, reason))
 
     async def resume(self) -> dict[str, Any]:
-        return state_answer(await self.coordinator.resume())
+        return self._answer(await self.coordinator.resume())
 
     async def state(self) -> dict[str, Any]:
-        return state_answer(await self.coordinator.state())
+        return self._answer(await self.coordinator.state())
+
+    def _answer(self, described: dict[str, Any]) -> dict[str, Any]:
+        local = self.coordinator
+        return state_answer(described, local.replica_id, local.generation, local.in_flight)

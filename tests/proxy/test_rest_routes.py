@@ -168,7 +168,7 @@ async def test_illegal_moves_and_bad_bodies_get_v1_status_codes(proxy: Http, cli
         url = f"/api/rollouts/{rollout_id}"
         skipped = await http.patch(url, json={"status": {"state": "succeeded"}})
         assert skipped.status_code == 409
-        assert skipped.json()["detail"] == f"rollout {rollout_id}: illegal transition queuing -> succeeded"
+        assert skipped.json()["detail"] == f"Rollout {rollout_id}: cannot transition queuing -> succeeded"  # v1.0's
         failed = await http.patch(
             url, json={"status": {"state": "failed", "error_message": "local subprocess spawn failed"}}
         )
