@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from verl import DataProto
@@ -48,6 +48,9 @@ class TrainingBatch:
     mini_batch_rows: int
     # The rows' health (services/trainer/health.py), with the rollouts behind each share.
     health: StepHealth | None = None
+    # Every row built (before alignment) and each rollout's advantage: what row_records.py keeps for the console.
+    rows: list[Row] = field(default_factory=list)
+    advantages: dict[str, float] = field(default_factory=dict)
 
 
 def build_rows(
@@ -117,7 +120,7 @@ def build_training_batch(
     )
     metrics.update(row_metrics(rows, counts))
     if not kept:
-        return TrainingBatch(None, metrics, 0, 0, health)
+        return TrainingBatch(None, metrics, 0, 0, health, rows, advantages)
     data = rows_to_dataproto(
         kept,
         advantages,
@@ -132,4 +135,4 @@ def build_training_batch(
     metrics["agl/data/has_rollout_log_probs"] = float("rollout_log_probs" in data.batch)
     data.meta_info["agl_num_updates"] = alignment.num_updates
     data.meta_info["agl_mini_batch_rows"] = alignment.mini_batch_rows
-    return TrainingBatch(data, metrics, alignment.num_updates, alignment.mini_batch_rows, health)
+    return TrainingBatch(data, metrics, alignment.num_updates, alignment.mini_batch_rows, health, rows, advantages)

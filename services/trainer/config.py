@@ -60,6 +60,9 @@ class TrainerSettings:
     # Step-health limits (services/trainer/guardrails.py) and how many rollout ids a line names.
     health_limits: Mapping[str, Limit] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
     health_rollouts_named: int = 5
+    # Each consumed rollout gets an agl_training_rows event (row_records.py; the console's token view); off when
+    # agl.retention.keep_steps is 0 (the rollouts are gone by then).
+    row_records: bool = True
 
     def __repr__(self) -> str:  # never print the key
         key = "***" if self.key else None
@@ -233,4 +236,5 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         infra=infra,
         health_limits=limits,
         health_rollouts_named=rollouts_named,
+        row_records=bool(agl.get("row_records", True)) and keep_steps != 0,
     )

@@ -64,6 +64,8 @@ class Selection:
     kept: list[RolloutTrace]
     dropped: list[str]
     metrics: dict[str, float]
+    # Why each consumed rollout that does not train was left out (one line each).
+    left_out: dict[str, str]
 
 
 def is_infra_failure(trace: RolloutTrace, settings: InfraSettings) -> bool:
@@ -104,9 +106,19 @@ def select(traces: Sequence[RolloutTrace], settings: InfraSettings, group_size: 
         - {t.rollout_id for t in traces if is_infra_failure(t, settings)}
     )
     dropped = [t.rollout_id for t in traces if t.rollout_id not in kept_ids and t.rollout_id not in skipped_ids]
+    left_out: dict[str, str] = {}
+    for t in traces:
+        if t.rollout_id in skipped_ids:
+            left_out[t.rollout_id] = f"the agent's failure ({t.failure_reason or 'UNSPECIFIED'}), include_failed=false"
+        elif t.rollout_id in kept_ids:
+            continue
+        elif is_infra_failure(t, settings):
+            left_out[t.rollout_id] = f"an infrastructure failure ({t.failure_reason}), policy {settings.policy.value}"
+        else:
+            left_out[t.rollout_id] = f"its group lost rollouts to the infrastructure, policy {settings.policy.value}"
     metrics = {f"agl/infra/{reason.lower()}": float(count) for reason, count in by_reason.items()}
     metrics["agl/infra/dropped_rollouts"] = float(len(dropped))
     metrics["agl/infra/dropped_groups"] = float(len(infra_groups - kept_groups))
     metrics["agl/infra/retried_attempts"] = float(sum(max(t.attempts - 1, 0) for t in traces))
     metrics["agl/data/skipped_failed_rollouts"] = float(skipped_agent)
-    return Selection(kept, dropped, metrics)
+    return Selection(kept, dropped, metrics, left_out)

@@ -476,6 +476,7 @@ class RolloutManager:
                     failure_reason="" if ok else failure_reason_name(status.failure_reason),
                     error_message="" if ok else status.error_message,
                     attempts=max(len(status.attempts), 1),
+                    attempt_id=status.attempt_id or (status.attempts[-1].attempt_id if status.attempts else ""),
                 )
                 if record.kind == "v" and self.settings.validation_call_texts:
                     trace.call_texts = await self._call_texts(rollout.rollout_id)

@@ -38,7 +38,7 @@ from verl.utils.py_functional import rename_dict
 from verl.utils.tracking import Tracking
 from verl.workers.utils.padding import left_right_2_no_padding
 
-from services.client import LedgerClient
+from services.client import LedgerClient, LedgerError
 
 from . import health, progress
 from .adapter import build_training_batch
@@ -53,6 +53,7 @@ from .infra_policy import select
 from .loop_thread import LoopThread
 from .loss import apply_row_weights
 from .manager import RolloutManager
+from .row_records import flags_by_rollout, row_events, row_records
 from .specs import Sample
 from .trace_stats import trace_metrics
 from .trajectory_log import TrajectoryLog
@@ -141,6 +142,10 @@ class AglPPOTrainer(RayPPOTrainer):
         hooks = load_hooks(self.agl.hooks) if self.agl.hooks else None
         self.manager = RolloutManager(self.ledger, self.agl.manager, hooks=hooks)
         self.guard = Guardrails(self.agl.health_limits, self.agl.health_rollouts_named)
+        self._token_texts: dict[int, str] = {}
+        self._step_rows = {}
+        if self.agl.row_records and self.agl.manager.keep_steps == 0:
+            log.info("agl.retention.keep_steps=0: consumed rollouts are deleted at once, so no training rows are kept")
         self.loop.run(self.manager.start())
         self.trajectories: TrajectoryLog | None = None
         if self.agl.trajectory_log:
@@ -278,6 +283,17 @@ class AglPPOTrainer(RayPPOTrainer):
         return batch
 
     def _train_step(self, samples: Iterator[Sample], metrics: dict[str, Any], timing: dict[str, float]) -> Any:
+        """One step; what it made of each consumed rollout is recorded in the ledger, also when it stops the run."""
+        self._step_rows: dict[str, Any] = {}
+        try:
+            batch = self._train_step_body(samples, metrics, timing)
+        except HealthStop:
+            self._record_rows(metrics, timing)
+            raise
+        self._record_rows(metrics, timing)
+        return batch
+
+    def _train_step_body(self, samples: Iterator[Sample], metrics: dict[str, Any], timing: dict[str, float]) -> Any:
         with marked_timer("gen", timing):
             self._register()
             result = self.loop.run(self.manager.collect(self.global_steps, samples))
@@ -293,6 +309,7 @@ class AglPPOTrainer(RayPPOTrainer):
             self.guard.identical_steps = int(step_health.value(health.IDENTICAL_REWARD_STEPS))
             metrics.update(step_health.metrics())
             metrics.update(trace_metrics(result.traces))
+        self._step_rows.update(step=step, traces=result.traces, selection=selection, health=step_health)
         if traces:
             metrics["agl/reward/mean"] = sum(t.reward for t in traces) / len(traces)
         if self.trajectories is not None:
@@ -318,6 +335,7 @@ class AglPPOTrainer(RayPPOTrainer):
                     counts=result.counts,
                 )  # fmt: skip
             metrics.update(prepared.metrics)
+            self._step_rows["prepared"] = prepared
             if prepared.health is not None:
                 metrics.update(prepared.health.metrics())
                 warnings += self.guard.enforce(step, prepared.health, health.ROW_NAMES)
@@ -335,6 +353,7 @@ class AglPPOTrainer(RayPPOTrainer):
                     metrics.update(gap.metrics())
                     warnings += self.guard.enforce(step, gap, (health.LOGPROB_GAP,))
                     metrics["agl/health/warnings"] = float(warnings)
+                self._step_rows["batch"] = batch
                 apply_row_weights(batch)
                 with marked_timer("update_actor", timing):
                     metrics.update(self._update_actor_rows(batch, prepared.mini_batch_rows))
@@ -355,6 +374,55 @@ class AglPPOTrainer(RayPPOTrainer):
                     self._sync_weights(metrics)
             self.loop.run(self.drainer.resume())
         return batch if updated else None
+
+    def _token_text(self, ids: Any) -> list[str]:
+        """Each token id as the text it decodes to alone (cached: a step repeats the same ids)."""
+        cache = self._token_texts
+        missing = [i for i in dict.fromkeys(int(i) for i in ids) if i not in cache]
+        if missing:
+            cache.update(zip(missing, self.tokenizer.batch_decode([[i] for i in missing]), strict=True))
+        return [cache[int(i)] for i in ids]
+
+    def _record_rows(self, metrics: dict[str, Any], timing: dict[str, float]) -> None:
+        """The step's agl_training_rows events (services/trainer/row_records.py) for the console."""
+        done = self._step_rows
+        if not self.agl.row_records or "traces" not in done:
+            return
+        with marked_timer("record_rows", timing):
+            prepared = done.get("prepared")
+            rows = prepared.rows if prepared is not None else []
+            step_health = health.StepHealth()
+            step_health.update(done["health"])
+            if prepared is not None and prepared.health is not None:
+                step_health.update(prepared.health)
+            trained: set[tuple[str, int]] = set()
+            recomputed: dict[tuple[str, int], list[float]] = {}
+            batch = done.get("batch")
+            if batch is not None:
+                lengths = {(r.rollout_id, r.turn_index): len(r.response_ids) for r in rows}
+                old = batch.batch.get("old_log_probs", None)
+                pairs = zip(batch.non_tensor_batch["rollout_id"], batch.non_tensor_batch["turn_index"], strict=True)
+                for i, (rid, turn) in enumerate(pairs):
+                    key = (str(rid), int(turn))
+                    trained.add(key)
+                    if old is not None and key in lengths:
+                        recomputed[key] = old[i, : lengths[key]].tolist()
+            selection = done["selection"]
+            evidence = {name: step_health.rollouts(name) for name in health.NAMES}
+            records = row_records(
+                done["step"], done["traces"], {t.rollout_id for t in selection.kept}, selection.left_out, rows,
+                prepared.advantages if prepared is not None else {}, trained, recomputed,
+                flags_by_rollout(evidence), self._token_text,
+            )  # fmt: skip
+            events = row_events(done["step"], records, {t.rollout_id: t.attempt_id for t in done["traces"]})
+            try:
+                if events:
+                    self.loop.run(self.ledger.append_events(events, allow_terminal=True))
+            except LedgerError as err:
+                log.warning("step %d: recording the training rows failed (%s: %s)", done["step"], err.code().name,
+                            err.details())  # fmt: skip
+                return
+        metrics["agl/rows/recorded_rollouts"] = float(len(events))
 
     def _run_summary(self) -> dict[str, Any]:
         return {

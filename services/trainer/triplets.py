@@ -130,6 +130,8 @@ class RolloutTrace:
     error_message: str = ""
     # Attempts the rollout had (retries of infrastructure failures add some); 1 when the ledger kept none.
     attempts: int = 1
+    # The final attempt (the one whose events these are); events the trainer appends are filed under it.
+    attempt_id: str = ""
     # Its calls as text, when read from the full events (validation rollouts with a trajectory log); else None.
     call_texts: list[CallText] | None = None
 
@@ -194,6 +196,7 @@ def trace_from_events(
     failure_reason: str = "",
     error_message: str = "",
     attempts: int = 1,
+    attempt_id: str = "",
 ) -> RolloutTrace:
     """Builds a RolloutTrace; a missing reward becomes reward_fillna_value and is counted."""
     scan = _scan(events, counts)
@@ -214,4 +217,5 @@ def trace_from_events(
         failure_reason=failure_reason,
         error_message=error_message,
         attempts=attempts,
+        attempt_id=attempt_id,
     )
