@@ -36,19 +36,18 @@ if str(REPO_ROOT) not in sys.path:
 
 from deploy import local_stack  # noqa: E402
 from services._gen.agl.v1 import ledger_service_pb2, model_pb2, rollout_pb2  # noqa: E402
+from services.cli.train.collect import (  # noqa: E402
+    STATE_NAMES,
+    attach_proxy_warnings,
+    consume_terminal,
+    failure_line,
+)
 from services.client import LedgerClient  # noqa: E402
 from tools import demo_train  # noqa: E402
 
 DEMO_LABEL = "agl-demo"
 MATH_AGENT = "examples.math_agent.agent:MathAgent"
 TASK_ENV = {"AGL_TASK_QUESTION": "input.question", "AGL_TASK_ANSWER": "input.answer"}
-REFUSED_EVENT = "proxy_refused_event"  # the proxy's warning when it refuses an agent's event (services/proxy)
-STATE_NAMES = {
-    rollout_pb2.ROLLOUT_STATE_QUEUING: "queued",
-    rollout_pb2.ROLLOUT_STATE_RUNNING: "running",
-    rollout_pb2.ROLLOUT_STATE_SUCCEEDED: "succeeded",
-    rollout_pb2.ROLLOUT_STATE_FAILED: "failed",
-}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -144,35 +143,6 @@ def rollout_specs(
     return specs
 
 
-def trajectory(entry: Any) -> dict[str, Any]:
-    """One JSONL record: the rollout, its reward and its model calls (triplet view) with token ids."""
-    rollout = entry.rollout
-    record: dict[str, Any] = {
-        "rollout_id": rollout.rollout_id,
-        "group": rollout.metadata.labels.get("group", ""),
-        "state": STATE_NAMES.get(rollout.status.state, str(rollout.status.state)),
-        "error": rollout.status.error_message,
-        "input": json.loads(rollout.input_json or "null"),
-        "reward": None,
-        "calls": [],
-    }
-    for event in entry.events:
-        if event.event_type == "reward" and event.WhichOneof("payload") == "reward":
-            record["reward"] = event.reward.value if event.reward.HasField("value") else None
-        elif event.event_type == "model_request":
-            call = event.model_request
-            record["calls"].append(
-                {
-                    "prompt_token_ids": list(call.prompt_token_ids),
-                    "response_token_ids": list(call.response_token_ids),
-                    "response_logprobs": list(call.response_logprobs) if call.has_response_logprobs else None,
-                    "model": call.model,
-                    "model_version": call.model_version,
-                }
-            )
-    return record
-
-
 class Progress:
     """Counts rollouts of the run by state from the rollout watch and prints a line when the counts change."""
 
@@ -223,23 +193,6 @@ async def watch_progress(client: LedgerClient, run_id: str, progress: Progress) 
             ticker.cancel()
 
 
-async def consume_terminal(client: LedgerClient, run_id: str, total: int, sink: TextIO) -> list[dict[str, Any]]:
-    """Reads the run's terminal rollouts (with their triplet events) until all `total` arrived."""
-    records: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    async for entry in client.watch_terminal(labels={"run": run_id}, include_events=True):
-        if entry.rollout.rollout_id in seen:
-            continue
-        seen.add(entry.rollout.rollout_id)
-        record = trajectory(entry)
-        sink.write(json.dumps(record) + "\n")
-        sink.flush()
-        records.append(record)
-        if len(records) == total:
-            break
-    return records
-
-
 async def run_job(args: argparse.Namespace, ledger_address: str, key: str, model_name: str, engine_url: str) -> int:
     """Registers the engine, enqueues the groups, follows them to the end, writes and summarizes. Exit code."""
     run_id = f"demo-{uuid.uuid4().hex[:8]}"
@@ -262,7 +215,13 @@ async def run_job(args: argparse.Namespace, ledger_address: str, key: str, model
         watcher = asyncio.create_task(watch_progress(client, run_id, progress))
         try:
             with open(output, "w") as sink:
-                records = await asyncio.wait_for(consume_terminal(client, run_id, len(specs), sink), args.deadline)
+
+                def write(record: dict[str, Any]) -> None:
+                    sink.write(json.dumps(record) + "\n")
+                    sink.flush()
+
+                waiting = consume_terminal(client, {"run": run_id}, len(specs), write)
+                records = await asyncio.wait_for(waiting, args.deadline)
         except asyncio.TimeoutError:
             progress.show(final=True)
             print(f"deadline of {args.deadline:.0f}s passed before every rollout ended", file=sys.stderr)
@@ -277,32 +236,6 @@ async def run_job(args: argparse.Namespace, ledger_address: str, key: str, model
         deleted = await client.delete_rollouts([record["rollout_id"] for record in records])
     print_summary(run_id, records, output, deleted)
     return 0 if all(record["state"] == "succeeded" for record in records) else 1
-
-
-async def attach_proxy_warnings(client: LedgerClient, records: Sequence[dict[str, Any]]) -> None:
-    """For a rollout that failed or has no reward: the proxy's first refusal (e.g. a misspelled reward's 422), the
-    first error that matters, kept as record["proxy_error"]."""
-    for record in records:
-        if record["state"] == "succeeded" and record["reward"] is not None:
-            continue
-        warnings = await client.list_events(record["rollout_id"], attempt_id="*", event_type=REFUSED_EVENT)
-        for event in warnings[:1]:
-            try:
-                data = json.loads(event.data_json)
-                record["proxy_error"] = f"proxy refused an event ({data['status']} {data['code']}): {data['message']}"
-            except (ValueError, KeyError, TypeError):
-                continue
-
-
-def failure_line(record: Mapping[str, Any]) -> str | None:
-    """The summary line of a rollout that failed or succeeded without a reward (None for a rewarded success)."""
-    proxy_error = record.get("proxy_error")
-    if record["state"] != "succeeded":
-        return f"  {record['rollout_id']}: {record['state']}: {proxy_error or record['error']}"
-    if record["reward"] is None:
-        why = proxy_error or "the agent posted no reward event (a trainer would fill a default)"
-        return f"  {record['rollout_id']}: succeeded WITHOUT A REWARD: {why}"
-    return None
 
 
 def print_summary(run_id: str, records: Sequence[Mapping[str, Any]], output: Path, deleted: int) -> None:
@@ -328,7 +261,7 @@ def print_summary(run_id: str, records: Sequence[Mapping[str, Any]], output: Pat
     for record in records:
         line = failure_line(record)
         if line:
-            print(line)
+            print("  " + line)
     print(f"trajectories: {output}")
     print(f"deleted {deleted} consumed rollouts from the ledger")
 

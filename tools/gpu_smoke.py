@@ -26,6 +26,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from deploy import local_stack  # noqa: E402
+from services.cli.train import session  # noqa: E402
 from services.client import LedgerClient  # noqa: E402
 from tools import demo_train  # noqa: E402
 
@@ -105,8 +106,9 @@ def main() -> int:
         argv = [sys.executable, "-m", "services.trainer", *overrides(args, run_id, ledger, key, model, train_file)]
         env = local_stack.child_environment({"VERL_FILE_LOGGER_PATH": str(metrics_path)})
         print(f"run {run_id}: trainer log {logs / 'trainer.log'}", flush=True)
-        with demo_train.trainer_process(argv, env, logs / "trainer.log") as proc:
-            records = demo_train.follow(proc, metrics_path, args.steps, sys.stdout)
+        records: list[dict[str, Any]] = []
+        with session.trainer_process(argv, env, logs / "trainer.log") as proc:
+            session.follow(proc, metrics_path, sys.stdout, records, total=args.steps)
             code = proc.returncode
         left, endpoints = asyncio.run(ledger_state(ledger, key, run_id, model_name))
     steps = {r["step"]: r["data"] for r in records if r["step"] > 0}

@@ -6,8 +6,9 @@ import argparse
 import asyncio
 import contextlib
 import sys
+from urllib.parse import urlsplit
 
-from services._gen.agl.v1 import proxy_control_pb2
+from services._gen.agl.v1 import model_pb2, proxy_control_pb2
 from services.client import LedgerClient
 
 from . import render
@@ -15,10 +16,22 @@ from .errors import TIMED_OUT, USAGE, CliError
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("models", help="registered model endpoints and their weight versions")
+    p = sub.add_parser("models", help="registered model endpoints (list, register, rm)")
     p.add_argument("--model", default="", help="only this model")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=models)
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    r = actions.add_parser("register", help="route a model name to an OpenAI-compatible engine")
+    r.add_argument("name", help="the model name the proxies route (the trainer's agl.model_name)")
+    r.add_argument("url", help="the engine's base URL, e.g. http://10.0.0.5:8000/v1")
+    r.add_argument("--version", type=int, default=0, help="the weights version it serves (the trainer's step)")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(handler=models_register)
+    r = actions.add_parser("rm", help="remove a model's endpoints (all of them, or the one URL)")
+    r.add_argument("name")
+    r.add_argument("url", nargs="?", default="", help="only this endpoint")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(handler=models_rm)
 
     proxy = sub.add_parser("proxy", help="pause, resume or drain every proxy replica, or show their state")
     actions = proxy.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -48,6 +61,43 @@ async def models(client: LedgerClient, args: argparse.Namespace) -> int:
         return 0
     rows = [(e.model_name, e.endpoint, str(e.version), render.when(e.update_time)) for e in endpoints]
     print(render.table(("MODEL", "ENDPOINT", "VERSION", "UPDATED"), rows))
+    return 0
+
+
+def engine_url(url: str) -> str:
+    """An http(s) base URL with a host; anything else is a usage error naming it."""
+    parsed = urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise CliError(f"{url!r} is not an engine base URL (expected http://HOST:PORT/v1)", USAGE)
+    try:
+        parsed.port  # noqa: B018 (raises on a port that is not a number)
+    except ValueError:
+        raise CliError(f"{url!r}: the port is not a number", USAGE) from None
+    return url.rstrip("/")
+
+
+async def models_register(client: LedgerClient, args: argparse.Namespace) -> int:
+    if args.version < 0:
+        raise CliError("--version must not be negative", USAGE)
+    endpoint = model_pb2.ModelEndpoint(model_name=args.name, endpoint=engine_url(args.url), version=args.version)
+    stored = await client.register_models([endpoint])
+    if args.json:
+        print(render.dumps({"endpoints": [render.as_dict(e) for e in stored]}))
+    else:
+        print(f"registered {args.name} -> {endpoint.endpoint} (version {args.version})")
+    return 0
+
+
+async def models_rm(client: LedgerClient, args: argparse.Namespace) -> int:
+    url = engine_url(args.url) if args.url else ""
+    deleted = await client.delete_models([model_pb2.ModelEndpointKey(model_name=args.name, endpoint=url)])
+    if args.json:
+        print(render.dumps({"deleted": deleted}))
+    elif deleted:
+        print(f"removed {deleted} endpoint(s) of {args.name}")
+    if not deleted:
+        what = f"{args.name} at {url}" if url else args.name
+        raise CliError(f"no endpoint of {what} is registered", USAGE)
     return 0
 
 

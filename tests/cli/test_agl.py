@@ -291,3 +291,23 @@ async def test_proxy_pause_resume_state_and_drain(ledger, uid):
         assert f"p-{uid}" in drained.out
         await client.report_proxy_replica(f"p-{uid}", 0, generation, leaving=True)
         await client.set_proxy_pause(False)
+
+
+async def test_models_register_and_rm(ledger, uid):
+    name = f"reg-{uid}"
+    added = run_agl("models", "register", name, "http://10.0.0.5:8000/v1/", "--version", "3", ledger=ledger.address)
+    assert added.code == 0, added.err
+    assert added.out.strip() == f"registered {name} -> http://10.0.0.5:8000/v1 (version 3)"
+    run_agl("models", "register", name, "http://10.0.0.6:8000/v1", ledger=ledger.address)
+    async with LedgerClient(ledger.address, KEY) as client:
+        stored = sorted((e.endpoint, e.version) for e in await client.list_models(name))
+    assert stored == [("http://10.0.0.5:8000/v1", 3), ("http://10.0.0.6:8000/v1", 0)]
+    bad = run_agl("models", "register", name, "10.0.0.5:8000", ledger=ledger.address)
+    assert bad.code == 2 and "not an engine base URL" in bad.err
+    one = run_agl("models", "rm", name, "http://10.0.0.6:8000/v1", ledger=ledger.address)
+    assert one.code == 0 and "removed 1 endpoint(s)" in one.out
+    async with LedgerClient(ledger.address, KEY) as client:
+        assert [e.endpoint for e in await client.list_models(name)] == ["http://10.0.0.5:8000/v1"]
+    assert run_agl("models", "rm", name, ledger=ledger.address).code == 0
+    gone = run_agl("models", "rm", name, ledger=ledger.address)
+    assert gone.code == 2 and f"no endpoint of {name} is registered" in gone.err

@@ -87,7 +87,12 @@ def test_demo_trains_prints_steps_writes_results_and_cleans_up(tmp_path: Path) -
 
     assert "held-out accuracy" in out and "(before training)" in out
     assert "console: http://127.0.0.1:" in out
-    assert (data_dir / "demo-key").stat().st_mode & 0o077 == 0
+    assert (output_dir / "key").stat().st_mode & 0o077 == 0
+    # The demo is `agl train` with the example's settings: its smoke rollout, its run record and its model.
+    assert "smoke rollout: ok" in out
+    run = json.loads((output_dir / "run.json").read_text())
+    assert run["state"] == "succeeded" and run["run_id"].startswith("demo-")
+    assert (output_dir / "model" / "model.safetensors").is_file()
     step_lines = [line for line in out.splitlines() if line.startswith("step ") and "reward" in line]
     assert [line.split()[1] for line in step_lines] == ["1/2", "2/2"]
     assert "== results ==" in out and "before" in out and "after" in out
@@ -107,6 +112,7 @@ def test_demo_trains_prints_steps_writes_results_and_cleans_up(tmp_path: Path) -
         reply = call["response"].replace("<|im_end|>", "")
         assert record["reward"] == score(reply, record["input"]["answer"]), record
     assert _processes_mentioning(str(data_dir)) == [], "the demo left processes running"
+    assert _processes_mentioning(str(output_dir)) == [], "the demo left processes running"
 
 
 def test_demo_stopped_with_sigterm_stops_everything_without_a_traceback(tmp_path: Path) -> None:

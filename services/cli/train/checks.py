@@ -160,7 +160,8 @@ def check_agent(agent_class: str, command: Sequence[str], checkout: Path) -> Non
         took = f"importing it took over {AGENT_PROBE_TIMEOUT_S:.0f}s"
         raise CliError(f"--agent-class {agent_class}: {took}", USAGE) from None
     if probe.returncode != 0:
-        why = (probe.stdout.strip() or probe.stderr.strip().splitlines()[-1:] or ["failed"])[-1]
+        lines = probe.stdout.strip().splitlines() or probe.stderr.strip().splitlines() or ["failed"]
+        why = lines[-1]
         raise CliError(f"--agent-class {agent_class}: {why}", USAGE)
 
 

@@ -51,8 +51,11 @@ def step_line(
         return "-" if value is None else format(float(value), fmt)
 
     if step == 0 or "agl/reward/mean" not in data:  # the start of a launch: the first push and validation
-        when = "before training" if step == 0 else "resumed from the checkpoint"
-        line = f"step {step:>3}/{total}  {val_label} {num('val/agl/reward_mean')} ({when})"
+        when = "before training" if step == 0 else f"resumed from the checkpoint of step {step}"
+        line = f"step {step:>3}/{total}  "
+        if "val/agl/reward_mean" in data:
+            line += f"{val_label} {num('val/agl/reward_mean')} "
+        line += f"({when})"
         if multi_turn:
             line += f", tool-call rate {num('val/agl/tools/call_rate')}"
         return line

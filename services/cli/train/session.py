@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import glob
 import json
 import os
 import signal
@@ -158,8 +159,8 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
 
 
 def resolve_placement(placement: str) -> str:
-    if placement == "cpu":
-        return "cpu"
+    if placement == "cpu" or (placement == "auto" and not glob.glob("/dev/nvidia[0-9]*")):
+        return "cpu"  # no NVIDIA device node: no need to import torch (seconds) to know
     try:
         import torch
 
@@ -262,6 +263,8 @@ def trainer_overrides(plan: TrainPlan, stack: Stack, model_path: Path) -> list[s
         f"trainer.save_freq={plan.save_every}",
         "trainer.resume_mode=auto",
         "trainer.logger=[console,file]",
+        # Every checkpoint of a real model is its size again (with the optimizer's state, three times it).
+        "trainer.max_actor_ckpt_to_keep=2",
         f"trainer.default_local_dir={plan.output / 'checkpoints'}",
     ]
     if plan.placement == "cpu":
@@ -314,20 +317,23 @@ def trainer_error(log_path: Path) -> str:
 def follow(
     proc: subprocess.Popen[bytes],
     trainer_metrics: Path,
-    history: Path,
-    plan: TrainPlan,
     out: TextIO,
     records: list[dict[str, Any]],
+    *,
+    total: int,
+    history: Path | None = None,
+    multi_turn: bool = False,
+    val_label: str = "held-out reward",
 ) -> list[dict[str, Any]]:
-    """Prints each step the trainer logs and appends it to the run's history (verl's file logger starts its file
-    anew at every launch, so a resumed run would lose the steps before). Records go into `records` as they come
-    (an interruption still knows the last step)."""
+    """Prints each step the trainer logs until it exits, and appends it to the run's history (verl's file logger
+    starts its file anew at every launch, so a resumed run would lose the steps before). Records go into `records`
+    as they come (an interruption still knows the last step)."""
     started = time.monotonic()
     offset = 0
     while True:
         done = proc.poll() is not None
         fresh, offset = report.read_metrics(trainer_metrics, offset)
-        if fresh:
+        if fresh and history is not None:
             with history.open("a") as sink:
                 sink.writelines(json.dumps(record) + "\n" for record in fresh)
         for record in fresh:
@@ -338,13 +344,7 @@ def follow(
             done_here = step - int(records[0]["step"])
             # The pace of this launch (a resumed run does not count the steps it inherited), as progress_bar wants it.
             elapsed = (time.monotonic() - started) / done_here * step if done_here > 0 else None
-            line = report.step_line(
-                record,
-                plan.steps,
-                multi_turn=plan.multi_turn,
-                val_label=plan.val_label,
-                elapsed_s=elapsed,
-            )
+            line = report.step_line(record, total, multi_turn=multi_turn, val_label=val_label, elapsed_s=elapsed)
             out.write(line + "\n")
             out.flush()
         if done:
@@ -521,7 +521,16 @@ def _train_in(
     out.flush()
     metrics_path = plan.output / METRICS_FILE
     with trainer_process(argv, env, log_path) as proc:
-        follow(proc, trainer_metrics, metrics_path, plan, out, records)
+        follow(
+            proc,
+            trainer_metrics,
+            out,
+            records,
+            total=plan.steps,
+            history=metrics_path,
+            multi_turn=plan.multi_turn,
+            val_label=plan.val_label,
+        )
     if proc.returncode != 0:
         why = trainer_error(log_path)
         asyncio.run(mark_run(stack, plan.run_id, f"the trainer exited with {proc.returncode}: {why}"))

@@ -1,0 +1,273 @@
+"""`agl train`, `agl eval` and `agl export` as a user runs them: an agent written here (its own field names and
+environment variables) in a folder of its own, a task file, the installed `agl` started in that folder. Every
+service is the real one, started by the command; the engine is the CPU vLLM serving a tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from services._gen.agl.v1 import run_pb2
+from services.client import LedgerClient
+from tests.support.procs import start_ledger
+
+AGL = Path(sys.executable).parent / "agl"
+
+SHOP_AGENT = '''
+"""A user's agent: it knows nothing of AGL but the three variables every v1.0 agent reads."""
+import os
+
+import httpx
+from openai import OpenAI
+
+
+class ShopAgent:
+    def run(self):
+        if os.environ.get("SHOP_MODE") == "closed":
+            raise RuntimeError("the shop is closed today")
+        client = OpenAI(base_url=os.environ["AGL_OPENAI_BASE_URL"], api_key=os.environ["AGL_KEY"])
+        question = f"shop clerk, count: {os.environ['SHOP_PROBLEM']}"
+        reply = client.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": question}], max_tokens=12
+        ).choices[0].message.content or ""
+        want = os.environ["SHOP_SOLUTION"]
+        # Partial credit (characters of the answer present): a random model's groups get rewards that differ.
+        reward = len(set(reply) & set(want)) / len(set(want))
+        httpx.post(
+            os.environ["AGL_EVENT_URL"],
+            json={"event_type": "reward", "data": {"value": reward}},
+            headers={"authorization": "Bearer " + os.environ["AGL_KEY"]},
+            timeout=30,
+        ).raise_for_status()
+
+
+class NoRun:
+    pass
+'''
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            blob = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in blob:
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """A user's folder: the agent package and 40 tasks with the user's own field names."""
+    package = tmp_path / "shopagent"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "agent.py").write_text(SHOP_AGENT)
+    with (tmp_path / "shop.jsonl").open("w") as tasks:
+        for index in range(40):
+            a, b = index % 7 + 1, index % 5 + 2
+            tasks.write(json.dumps({"problem": f"{a} apples and {b} pears", "solution": str(a + b)}) + "\n")
+    return tmp_path
+
+
+def _env() -> dict[str, str]:
+    return {key: value for key, value in os.environ.items() if not key.startswith("AGL_") and key != "PYTHONPATH"}
+
+
+def agl(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(AGL), *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+AGENT = ["--agent-class", "shopagent.agent:ShopAgent"]
+ENV_MAP = ["--env-map", "SHOP_PROBLEM=input.problem", "--env-map", "SHOP_SOLUTION=input.solution"]
+SMALL = ["--tasks-per-step", "4", "--group-size", "4", "--max-prompt-length", "96", "--max-response-length", "32"]
+
+
+async def _ledger_run(output: Path, run_id: str) -> run_pb2.Run:
+    """The run as the run's own ledger stored it (its SQLite file in the run folder), read by a ledger started on it."""
+    key = (output / "key").read_text().strip()
+    database = next((output / "stack").rglob("ledger.db"))
+    with start_ledger(store=f"sqlite:{database}", key=key) as ledger:
+        async with LedgerClient(ledger.address, key) as client:
+            return await client.get_run(run_id)
+
+
+def test_train_runs_the_users_agent_on_their_tasks_then_export_and_eval(workdir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    argv = ["train", *AGENT, "--data", "shop.jsonl", "--val", "shop.jsonl", *ENV_MAP, *SMALL]
+    argv += ["--steps", "2", "--val-every", "2", "--run-id", "shop1", "agl.val_max_samples=8"]
+    result = agl(*argv, cwd=workdir)
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr[-3000:]
+    output = workdir / "agl-runs" / "shop1"
+    assert "smoke rollout: ok (1 model call(s)" in out
+    assert "console: http://127.0.0.1:" in out
+    steps = [line for line in out.splitlines() if line.startswith("step ")]
+    assert steps[0].startswith("step   0/2  held-out reward") and "(before training)" in steps[0]
+    assert [line.split()[1] for line in steps[1:]] == ["1/2", "2/2"]
+    assert "eta " in steps[1] and "[####################] 2/2" in steps[2]
+    assert "Traceback" not in out + result.stderr
+
+    # The rollouts ran this agent on these tasks: the prompts hold its own text and the task's fields.
+    records = [json.loads(line) for line in (output / "trajectories.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert len(train) == 2 * 4 * 4
+    for record in train:
+        (call,) = record["calls"]
+        assert f"shop clerk, count: {record['input']['problem']}" in call["prompt"]
+    metrics = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+
+    run = json.loads((output / "run.json").read_text())
+    assert run["state"] == "succeeded" and run["run_id"] == "shop1"
+    stored = asyncio.run(_ledger_run(output, "shop1"))
+    assert stored.state == run_pb2.RUN_STATE_SUCCEEDED
+
+    # The model: loads in transformers, in the dtype it was trained in, with the tokenizer and chat template.
+    model_dir = output / "model"
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    assert str(next(model.parameters()).dtype) == "torch.float32"
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+
+    exported = agl("export", "shop1", "--to", str(workdir / "bf16"), "--dtype", "bfloat16", cwd=workdir)
+    assert exported.returncode == 0, exported.stderr
+    half = AutoModelForCausalLM.from_pretrained(workdir / "bf16")
+    assert str(next(half.parameters()).dtype) == "torch.bfloat16"
+    assert json.loads((workdir / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+    scored = agl("eval", "--model", str(model_dir), *AGENT, "--data", "shop.jsonl", *ENV_MAP, cwd=workdir)
+    assert scored.returncode == 0, scored.stdout[-3000:] + scored.stderr[-3000:]
+    assert "mean reward " in scored.stdout and "over 40 tasks (40 rewarded, 0 failed" in scored.stdout
+    results_path = Path(scored.stdout.split("per task: ")[1].split()[0])
+    rows = [json.loads(line) for line in results_path.read_text().splitlines()]
+    assert [row["task"] for row in rows] == list(range(40))
+    assert all(row["state"] == "succeeded" and isinstance(row["reward"], float) for row in rows)
+    mean = float(scored.stdout.split("mean reward ")[1].split()[0])
+    assert abs(mean - sum(row["reward"] for row in rows) / 40) < 1e-3
+    assert _processes_mentioning(str(workdir)) == [], "agl left processes running"
+
+
+def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(AGL), *argv], cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _interrupt_after(proc: subprocess.Popen[str], marker: str, signum: int) -> tuple[str, str]:
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if line.startswith(marker):
+            proc.send_signal(signum)
+            break
+    out, err = proc.communicate(timeout=120)
+    return "".join(seen) + out, err
+
+
+def test_ctrl_c_and_sigterm_stop_the_run_and_resume_continues_it(workdir: Path) -> None:
+    argv = ["train", *AGENT, "--data", "shop.jsonl", *ENV_MAP, *SMALL, "--steps", "3", "--save-every", "1"]
+    argv += ["--run-id", "shop2"]
+    output = workdir / "agl-runs" / "shop2"
+
+    out, err = _interrupt_after(_start(argv, workdir), "step   1/3", signal.SIGINT)
+    assert "Traceback" not in out + err, out + err
+    assert "interrupted by SIGINT after step 1" in out
+    assert json.loads((output / "run.json").read_text())["state"] == "interrupted"
+    stored = asyncio.run(_ledger_run(output, "shop2"))
+    assert stored.state == run_pb2.RUN_STATE_FAILED and "interrupted by SIGINT" in stored.error_message
+    assert _processes_mentioning(str(workdir)) == []
+
+    again = agl(*argv, cwd=workdir, timeout=60)
+    assert again.returncode == 2 and "already exists" in again.stderr and "--resume" in again.stderr
+
+    proc = _start([*argv, "--resume"], workdir)
+    out, err = _interrupt_after(proc, "step   2/3", signal.SIGTERM)
+    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    assert "Traceback" not in out + err
+    assert "resuming" in out and "interrupted by SIGTERM after step 2" in out
+    # It went on from the checkpoint of step 1: step 1 was not trained again.
+    firsts = [line for line in out.splitlines() if line.startswith("step   1/3")]
+    assert firsts == ["step   1/3  (resumed from the checkpoint of step 1)"], out
+
+    final = agl(*argv, "--resume", cwd=workdir)
+    assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-2000:]
+    assert "step   3/3  reward " in final.stdout and "step   1/3" not in final.stdout
+    steps = [json.loads(line)["step"] for line in (output / "metrics.jsonl").read_text().splitlines()]
+    assert [s for s in steps if s > 0][-1] == 3 and sorted(set(steps)) == [0, 1, 2, 3]
+    assert asyncio.run(_ledger_run(output, "shop2")).state == run_pb2.RUN_STATE_SUCCEEDED
+    assert (output / "model" / "model.safetensors").is_file()
+    assert _processes_mentioning(str(workdir)) == []
+
+
+def test_an_agent_that_fails_stops_before_training_with_its_own_error(workdir: Path) -> None:
+    argv = ["train", *AGENT, "--data", "shop.jsonl", *ENV_MAP, "--env-map", "SHOP_MODE=closed", *SMALL]
+    result = agl(*argv, "--run-id", "closed", cwd=workdir)
+    assert result.returncode == 2, result.stdout[-3000:]
+    line = next(line for line in result.stdout.splitlines() if "smoke rollout failed" in line)
+    assert "RuntimeError: the shop is closed today" in line
+    log = Path(line.split("(agent log: ")[1].rstrip(")"))
+    assert log.is_file() and "the shop is closed today" in log.read_text()
+    assert "run closed: " not in result.stdout  # the trainer never started
+    assert json.loads((workdir / "agl-runs" / "closed" / "run.json").read_text())["state"] == "failed"
+    assert _processes_mentioning(str(workdir)) == []
+
+
+def _bad_inputs(workdir: Path) -> list[tuple[list[str], str]]:
+    (workdir / "broken.jsonl").write_text('{"problem": "1", "solution": "1"}\n{"problem": oops}\n')
+    (workdir / "nochat").mkdir()
+    (workdir / "nochat" / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"]}))
+    (workdir / "nochat" / "model.safetensors").write_bytes(b"")
+    (workdir / "agl-runs" / "taken").mkdir(parents=True)
+    (workdir / "agl-runs" / "taken" / "run.json").write_text(json.dumps({"run_id": "taken"}))
+    (workdir / "bad.yaml").write_text("steps: 2\nwarp_speed: 9\n")
+    data = ["--data", "shop.jsonl", *ENV_MAP]
+    return [
+        (["--data", "broken.jsonl", *AGENT, *ENV_MAP], "broken.jsonl:2: not valid JSON"),
+        ([*data, *AGENT, "--env-map", "SHOP_COLOR=input.color"], "shop.jsonl:1: --env-map: env_map path"),
+        ([*data, *AGENT, "--model", str(workdir / "missing")], "no such directory"),
+        ([*data, *AGENT, "--model", str(workdir / "nochat")], "has no chat template"),
+        ([*data, "--agent-class", "shopagent.agnet:ShopAgent"], "No module named 'shopagent.agnet'"),
+        ([*data, "--agent-class", "shopagent.agent:NoRun"], "has no run() method"),
+        ([*data, "--command", "no-such-agent-binary --fast"], "'no-such-agent-binary' is not on PATH"),
+        ([*data, *AGENT, "--output", str(workdir / "shop.jsonl" / "run")], "not writable"),
+        ([*data, *AGENT, "--run-id", "taken"], "run taken already exists"),
+        ([*data, *AGENT, "--run-id", "nothing", "--resume"], "no run to continue"),
+        ([*data, *AGENT, "--config", "bad.yaml"], "unknown option(s) warp_speed"),
+        ([*data], "say which agent to run"),
+        ([*data, *AGENT, "trainer.seed"], "neither an option nor a Hydra override"),
+    ]
+
+
+def test_each_bad_input_is_one_line_and_exit_2_before_anything_starts(workdir: Path) -> None:
+    for argv, expected in _bad_inputs(workdir):
+        started = time.monotonic()
+        result = agl("train", *argv, cwd=workdir, timeout=120)
+        took = time.monotonic() - started
+        assert result.returncode == 2, (argv, result.stdout[-2000:], result.stderr[-2000:])
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("agl: "), (argv, result.stderr)
+        assert expected in lines[0], (argv, lines[0])
+        assert "starting ledger" not in result.stdout, argv
+        print(f"{took:5.1f}s  {lines[0]}")
+    assert _processes_mentioning(str(workdir)) == []
