@@ -129,6 +129,21 @@ def create_app(config: ConsoleConfig, client: LedgerClient | None = None) -> Sta
             return ledger_error(request, err)
         return render("run.html.j2", request, watch=f"run:{run_id}", **data)
 
+    async def run_health(request: Request) -> Response:
+        if not signed_in(request):
+            return to_login(request)
+        run_id = request.path_params["run_id"]
+        try:
+            step = int(request.query_params.get("step", ""))
+        except ValueError:
+            return render("error.html.j2", request, status=400, watch="", message="step must be a number")
+        metric = request.query_params.get("metric", "")
+        try:
+            data = await pages.health_rollouts(mirror, run_id, step, metric)
+        except grpc.aio.AioRpcError as err:
+            return ledger_error(request, err)
+        return render("health.html.j2", request, watch=f"run:{run_id}", **data)
+
     async def rollouts(request: Request) -> Response:
         if not signed_in(request):
             return to_login(request)
@@ -195,6 +210,7 @@ def create_app(config: ConsoleConfig, client: LedgerClient | None = None) -> Sta
         Route("/", _timed(overview)),
         Route("/runs", _timed(runs)),
         Route("/runs/{run_id}", _timed(run)),
+        Route("/runs/{run_id}/health", _timed(run_health)),
         Route("/rollouts", _timed(rollouts)),
         Route("/rollouts/{rollout_id}", _timed(rollout)),
         Route("/events", events),

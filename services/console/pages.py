@@ -10,7 +10,7 @@ from typing import Any
 
 from services._gen.agl.v1 import rollout_pb2, run_pb2
 
-from . import charts
+from . import charts, training
 from .mirror import Mirror
 from .transcript import reward_of, transcript
 
@@ -158,9 +158,11 @@ async def rollout_detail(mirror: Mirror, rollout_id: str, tokens: bool) -> dict[
         "labels": sorted(rollout.metadata.labels.items()),
         "input": rollout.input_json,
         "is_train": rollout.is_train,
-        "items": transcript(events),
+        "items": [i for i in transcript(events) if i.event_type != training.ROWS_EVENT],
         "reward": reward_of(events),
         "tokens": tokens,
+        "training": training.training_records(events),
+        "run_id": rollout.metadata.labels.get(LABEL_RUN, ""),
     }
 
 
@@ -195,6 +197,46 @@ async def run_detail(mirror: Mirror, run_id: str) -> dict[str, Any]:
         "latest": sorted(latest.metrics.items()) if latest else [],
         "latest_step": latest.step if latest else None,
         "groups": await _groups(mirror, run_id),
+        "health": training.health_table(steps, run.config_json),
+    }
+
+
+async def health_rollouts(mirror: Mirror, run_id: str, step: int, metric: str) -> dict[str, Any]:
+    """The rollouts of a run's step that count in a health metric, as the trainer recorded them (their
+    agl_training_rows event); only rollouts the ledger still keeps (agl.retention.keep_steps) can be listed."""
+    short = metric.removeprefix(training.HEALTH_PREFIX)
+    candidates = [
+        r
+        for r in mirror.rollouts.values()
+        if r.metadata.labels.get(LABEL_RUN) == run_id and r.metadata.labels.get(LABEL_STEP) == str(step)
+    ][:MAX_GROUP_ROLLOUTS]
+
+    async def record(rollout: rollout_pb2.Rollout) -> training.Training | None:
+        if not rollout.status.attempt_id:
+            return None
+        events = await mirror.client.list_events(rollout.rollout_id, event_type=training.ROWS_EVENT)
+        return next((t for t in training.training_records(events) if t.step == step), None)
+
+    records = await asyncio.gather(*(record(r) for r in candidates))
+    shown = [
+        {
+            "id": r.rollout_id,
+            "state": state_name(r.status.state),
+            "reward": t.reward,
+            "advantage": t.advantage,
+            "left_out": t.left_out,
+            "error": r.status.error_message[:160],
+        }
+        for r, t in zip(candidates, records, strict=True)
+        if t is not None and short in t.flags
+    ]
+    return {
+        "run_id": run_id,
+        "step": step,
+        "metric": training.HEALTH_PREFIX + short,
+        "rollouts": shown,
+        "recorded": sum(1 for t in records if t is not None),
+        "stored": len(candidates),
     }
 
 
