@@ -155,7 +155,12 @@ def agent_event(rollout_id: str, attempt_id: str, payload: Any, *, master: bool 
             f"`event_type` {event_type!r} looks like a misspelled reward: post"
             ' {"event_type": "reward", "data": {"value": <number>}} (exactly "reward", lower case).',
         )
-    data = payload.get("data", {})
+    data = payload.get("data")
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):  # v1.0's EventCreate: its readers validate every listed event's data as one
+        kind = {list: "an array", str: "a string", bool: "a boolean"}.get(type(data), "a number")
+        raise ProxyError("invalid_event", f"`data` must be a JSON object, not {kind}.")
     event = event_pb2.Event(rollout_id=rollout_id, attempt_id=attempt_id, event_type=event_type)
     event_id = payload.get("event_id")
     if event_id is not None:

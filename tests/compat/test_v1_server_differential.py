@@ -100,6 +100,21 @@ def patch(client: httpx.Client, rollout_id: str, **status: Any) -> httpx.Respons
     return client.patch(f"/api/rollouts/{rollout_id}", json={"status": status})
 
 
+def test_a_call_on_a_rollout_nobody_claimed_is_forwarded_as_v1_does(servers: tuple[str, str, Http]) -> None:
+    """v1.0 forwards a call on a queued rollout (an evaluation script's, with the key): so does AGL, through "0"."""
+
+    def call(client: httpx.Client, rollout_id: str) -> httpx.Response:
+        create(client, rollout_id)
+        body = {"messages": [{"role": "user", "content": "What is 2 + 3?"}]}
+        reply = client.post(f"/proxy/rollout/{rollout_id}/attempt/0/mode/val/openai/v1/chat/completions", json=body)
+        events = client.get(f"/api/rollouts/{rollout_id}/events").json()
+        state = client.get(f"/api/rollouts/{rollout_id}").json()["rollout"]["status"]["state"]
+        answer = reply.json()["choices"][0]["message"]["content"]
+        return httpx.Response(reply.status_code, json=[answer, [e["attempt_id"] for e in events], state])
+
+    assert same(servers, call) == ["The answer is 5.", ["0"], "queuing"]
+
+
 def test_rollout_lifecycle_answers_equal_v1s(servers: tuple[str, str, Http]) -> None:
     def lifecycle(client: httpx.Client, rollout_id: str) -> httpx.Response:
         answers = [create(client, rollout_id), create(client, rollout_id)]  # the second is idempotent
@@ -157,6 +172,7 @@ def test_errors_for_what_v1_refuses_have_v1s_status(servers: tuple[str, str, Htt
         ("rollouts body not a list", lambda c, r: c.post("/api/rollouts", json={"input": 1}), 422),
         ("rollout without input", lambda c, r: c.post("/api/rollouts", json=[{"is_train": True}]), 422),
         ("event without event_type", lambda c, r: (create(c, r), c.post(f"/api/rollouts/{r}/attempt/0/events", json={"data": {}}))[1], 422),  # noqa: E501
+        ("event data not an object", lambda c, r: (create(c, r), c.post(f"/api/rollouts/{r}/attempt/0/events", json={"event_type": "n", "data": [1]}))[1], 422),  # noqa: E501
         ("models body not a list", lambda c, r: c.post("/api/models", json={"model": MODEL}), 422),
         ("model without endpoint", lambda c, r: c.post("/api/models", json=[{"model": MODEL}]), 422),
         ("pause with a non-integer wait", lambda c, r: c.post("/proxy/pause", json={"retry_after_seconds": "x"}), 422),
@@ -276,6 +292,19 @@ def test_known_differences_are_what_the_readme_says(servers: tuple[str, str, Htt
         )[2],
     )
     assert (v1.status_code, agl.status_code) == (200, 409)
+    # A call on a finished rollout: v1.0 forwards and records it; AGL refuses it before any engine time is spent.
+    chat = "/attempt/0/mode/train/openai/v1/chat/completions"
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    v1, agl = both(
+        servers,
+        lambda c, r: (create(c, r), patch(c, r, state="failed"), c.post(f"/proxy/rollout/{r}{chat}", json=body))[2],
+    )
+    assert (v1.status_code, agl.status_code) == (200, 409)
+    # Streaming: v1.0 refuses it (400); AGL streams (a superset).
+    v1, agl = both(
+        servers, lambda c, r: (create(c, r), c.post(f"/proxy/rollout/{r}{chat}", json={**body, "stream": True}))[1]
+    )
+    assert v1.status_code == 400 and agl.status_code == 200 and agl.text.rstrip().endswith("data: [DONE]")
     # Ids: v1.0 takes any string; AGL only [A-Za-z0-9_.-] (they appear unescaped in URLs, Job names, logs).
     v1, agl = both(servers, lambda c, r: create(c, r + " x"))
     assert (v1.status_code, agl.status_code) == (201, 422) and "rollout_id" in agl.json()["detail"]

@@ -76,9 +76,10 @@ async def test_deeply_nested_model_calls_are_400_json(proxy, client, depth: int)
 @pytest.mark.parametrize("depth", [1_100, 50_000])
 async def test_deeply_nested_events_are_refused_not_500(proxy, client, depth: int) -> None:
     rollout = await new_rollout(client)
-    content = b'{"event_type": "note", "data": ' + b"[" * 252 + b"]" * 252 + b"}"  # as deep as v1.0's listing writes
+    # An object 252 levels deep, as deep as v1.0's listing writes.
+    content = b'{"event_type": "note", "data": {"a": ' + b"[" * 251 + b"]" * 251 + b"}}"
     assert httpx.post(event_url(proxy, rollout), content=content, headers=AUTH).status_code == 200
-    content = b'{"event_type": "note", "data": ' + b"[" * depth + b"]" * depth + b"}"
+    content = b'{"event_type": "note", "data": {"a": ' + b"[" * depth + b"]" * depth + b"}}"
     reply = httpx.post(event_url(proxy, rollout), content=content, headers=AUTH)
     assert reply.status_code in (400, 422), reply.text
     assert "nested" in reply.json()["error"]["message"]

@@ -94,7 +94,8 @@ async def test_a_lone_surrogate_in_an_event_is_422_naming_the_field(proxy, clien
 
 
 def _nested_note(depth: int) -> bytes:
-    return b'{"event_type": "note", "data": ' + b"[" * depth + b"]" * depth + b"}"
+    """A note whose data (an object, as v1.0's events have) nests `depth` levels."""
+    return b'{"event_type": "note", "data": {"a": ' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}}"
 
 
 async def test_data_too_deep_for_the_v1_listing_is_refused_at_write_and_the_listing_answers(proxy, client) -> None:
@@ -108,8 +109,8 @@ async def test_data_too_deep_for_the_v1_listing_is_refused_at_write_and_the_list
     assert reply.status_code == 200, reply.text
     listed = httpx.get(f"{proxy.url}/api/rollouts/{rollout}/events", headers=AUTH)
     assert listed.status_code == 200, listed.text
-    data = listed.json()[-1]["data"]
-    for _ in range(MAX_DATA_DEPTH - 1):
+    data = listed.json()[-1]["data"]["a"]
+    for _ in range(MAX_DATA_DEPTH - 2):
         (data,) = data
     assert data == []  # read back whole
 

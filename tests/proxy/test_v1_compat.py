@@ -326,10 +326,11 @@ async def test_model_requests_that_would_corrupt_training_data_are_refused(proxy
                 data,
                 reply.text,
             )
-        not_object = await http.post(
-            event_url(proxy, rollout_id, "at-1"), json={"event_type": "model_request", "data": [1]}, headers=AUTH
-        )
-        assert not_object.status_code == 422
+        for event_type in ("model_request", "note", "reward"):
+            not_object = await http.post(
+                event_url(proxy, rollout_id, "at-1"), json={"event_type": event_type, "data": [1]}, headers=AUTH
+            )
+            assert not_object.status_code == 422 and "`data` must be a JSON object, not an array" in not_object.text
     stored = await client.list_events(rollout_id, attempt_id="*")
     assert all(e.event_type == "proxy_refused_event" for e in stored), [e.event_type for e in stored]
     assert not await client.list_events(rollout_id, event_type="model_request")
