@@ -89,16 +89,29 @@ def registered_stack(stack: Stack) -> Stack:
     return stack
 
 
-def run_v1(agl1: Agl1, script: str, *args: str, env: dict[str, str] | None = None, timeout_s: float = 240) -> str:
-    """Runs one of v1_clients/ in the v1.0 venv; its output (v1.0's own prints) is returned, a failure raised."""
+def v1_env(env: dict[str, str] | None = None) -> dict[str, str]:
     child = {k: v for k, v in os.environ.items() if not k.startswith("AGL_")}
     child.update(env or {})
     child["PYTHONPATH"] = os.pathsep.join([str(CLIENTS), child.get("PYTHONPATH", "")])
+    return child
+
+
+def start_v1(agl1: Agl1, script: str, *args: str) -> subprocess.Popen[str]:
+    """One of v1_clients/ started in the v1.0 venv, its stdin and stdout piped (for clients that wait for a go)."""
+    argv = [str(agl1.python), str(CLIENTS / script), *args]
+    pipe = subprocess.PIPE
+    return subprocess.Popen(
+        argv, stdin=pipe, stdout=pipe, stderr=subprocess.STDOUT, text=True, env=v1_env(), cwd=REPO_ROOT
+    )
+
+
+def run_v1(agl1: Agl1, script: str, *args: str, env: dict[str, str] | None = None, timeout_s: float = 240) -> str:
+    """Runs one of v1_clients/ in the v1.0 venv; its output (v1.0's own prints) is returned, a failure raised."""
     done = subprocess.run(
         [str(agl1.python), str(CLIENTS / script), *args],
         capture_output=True,
         text=True,
-        env=child,
+        env=v1_env(env),
         timeout=timeout_s,
         cwd=REPO_ROOT,
     )

@@ -7,6 +7,7 @@ what it reports is checked here against the ledger's gRPC view and the stand-in 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 import uuid
@@ -18,7 +19,18 @@ import httpx
 from services._gen.agl.v1 import event_pb2, rollout_pb2
 from services.client import LedgerClient, agent_token
 
-from .conftest import KEY, MODEL, Agl1, Stack, agl_controller, http, registered_stack, run_json, v1_controller
+from .conftest import (
+    KEY,
+    MODEL,
+    Agl1,
+    Stack,
+    agl_controller,
+    http,
+    registered_stack,
+    run_json,
+    start_v1,
+    v1_controller,
+)
 
 GSM8K = {"question": ["What is 6 * 7?", "What is 10 - 3?"], "answer": ["42", "8"]}
 GSM8K_ENV = {"QUESTION": "input.question", "ANSWER": "input.answer"}
@@ -191,20 +203,34 @@ def test_v1_trainer_pauses_drains_and_resumes_agls_gateway(agl1: Agl1, stack: St
     asyncio.run(running())
     url = f"{stack.proxy.url}/proxy/rollout/{rollout_id}/attempt/at-1/mode/train/openai/v1/chat/completions"
     headers = {"authorization": f"Bearer {agent_token(KEY, rollout_id, 'at-1')}"}
-    slow_body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "standin": {"delay_ms": 2000}}
+    slow_body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "standin": {"delay_ms": 1500}}
     finished: dict[str, Any] = {}
 
     def slow_call() -> None:
         reply = httpx.post(url, json=slow_body, headers=headers, timeout=30)
         finished.update(status=reply.status_code, at=time.time())
 
-    caller = threading.Thread(target=slow_call)
-    caller.start()
-    time.sleep(0.7)  # the call is at the engine
-    answer = run_json(agl1, tmp_path, "gateway_drain.py", None, stack.proxy.url, KEY)
+    out = tmp_path / "drain.json"
+    driver = start_v1(agl1, "gateway_drain.py", stack.proxy.url, KEY, str(out))
+    try:
+        assert driver.stdout is not None and driver.stdin is not None
+        assert driver.stdout.readline().strip() == "ready", driver.communicate(timeout=30)[0]
+        caller = threading.Thread(target=slow_call)
+        caller.start()
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{stack.proxy.url}/status").json()["in_flight"] < 1:  # the call is at the engine
+            assert time.monotonic() < deadline and caller.is_alive(), finished
+            time.sleep(0.02)
+        driver.stdin.write("go\n")
+        driver.stdin.flush()
+        output = driver.communicate(timeout=60)[0]
+        assert driver.returncode == 0, output
+    finally:
+        driver.kill()
     caller.join(30)
+    answer = json.loads(out.read_text())
     metrics = answer["metrics"]
-    assert metrics["training/async/proxy_inflight_at_pause"] >= 1
+    assert metrics["training/async/proxy_inflight_at_pause"] >= 1, (answer, finished)
     assert finished["status"] == 200 and finished["at"] <= answer["drained_at"]
     assert metrics["training/async/proxy_drain_seconds"] > 0.3
     assert answer["paused_state"] == {

@@ -2,6 +2,7 @@
 (`AgentLightningRayPPOTrainer._pause_and_drain_gateway` and `_resume_gateway`, through its own client).
 
 usage: python gateway_drain.py BASE_URL KEY OUT.json   (run in .venv-agl1; the answer is written to OUT.json)
+Once imported it prints `ready` and waits for a line on stdin, so the caller can put a call in flight first.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def main() -> None:
     trainer = AgentLightningRayPPOTrainer.__new__(AgentLightningRayPPOTrainer)  # only its gateway calls are run
     trainer.config = OmegaConf.create({"agentlightning": {"agl_base_url": base_url, "agl_key": key}})
     trainer._agl_client = None
+    print("ready", flush=True)
+    sys.stdin.readline()
     started = time.time()
     metrics = trainer._pause_and_drain_gateway(reason="weights update")
     drained_at = time.time()
