@@ -60,6 +60,8 @@ class TrainerSettings:
     # Step-health limits (services/trainer/guardrails.py) and how many rollout ids a line names.
     health_limits: Mapping[str, Limit] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
     health_rollouts_named: int = 5
+    # Shares over fewer items than this warn instead of stopping the run.
+    health_min_count: int = 8
     # Each consumed rollout gets an agl_training_rows event (row_records.py; the console's token view); off when
     # agl.retention.keep_steps is 0 (the rollouts are gone by then).
     row_records: bool = True
@@ -111,12 +113,12 @@ def infra_settings(agl: Any) -> InfraSettings:
     )
 
 
-def health_settings(agl: Any) -> tuple[dict[str, Limit], int]:
-    """agl.health -> (limits, rollout ids named per line); ConfigError naming the key."""
+def health_settings(agl: Any) -> tuple[dict[str, Limit], int, int]:
+    """agl.health -> (limits, rollout ids named per line, min_count); ConfigError naming the key."""
     raw = _plain(agl.get("health")) or {}
-    unknown = sorted(set(raw) - {"limits", "rollouts_named"})
+    unknown = sorted(set(raw) - {"limits", "rollouts_named", "min_count"})
     if unknown:
-        raise ConfigError(f"agl.health.{unknown[0]}: unknown key; known: limits, rollouts_named")
+        raise ConfigError(f"agl.health.{unknown[0]}: unknown key; known: limits, rollouts_named, min_count")
     try:
         limits = parse_limits(raw.get("limits") or {})
     except ValueError as err:
@@ -124,7 +126,10 @@ def health_settings(agl: Any) -> tuple[dict[str, Limit], int]:
     named = raw.get("rollouts_named", 5)
     if isinstance(named, bool) or not isinstance(named, int) or named < 1:
         raise ConfigError(f"agl.health.rollouts_named={named!r}: an integer >= 1")
-    return limits, named
+    min_count = raw.get("min_count", 8)
+    if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
+        raise ConfigError(f"agl.health.min_count={min_count!r}: an integer >= 1 (1: any share may stop the run)")
+    return limits, named, min_count
 
 
 def settings_from_config(cfg: Any) -> TrainerSettings:
@@ -163,7 +168,7 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         k8s_job_template=template,
     )
     infra = infra_settings(agl)
-    limits, rollouts_named = health_settings(agl)
+    limits, rollouts_named, min_count = health_settings(agl)
     launch = replace(
         launch,
         retry_attempts=infra.retry_attempts,
@@ -236,5 +241,6 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         infra=infra,
         health_limits=limits,
         health_rollouts_named=rollouts_named,
+        health_min_count=min_count,
         row_records=bool(agl.get("row_records", True)) and keep_steps != 0,
     )

@@ -3,8 +3,10 @@
 Pure (stdlib logging only). Each health metric (services/trainer/health.py) may have a warning limit and a stop
 limit (`agl.health.limits.<name>.warn` / `.stop`; null: none); a value above the warning limit logs one line per
 step, a value above the stop limit ends the run with one line naming the metric, its value, the limit and the
-rollouts that show it. One stop needs no limit: a step in which every rollout failed ends the run with the first
-agent error as the ledger recorded it (rollout id, reason, the controller's message with the agent's log path).
+rollouts that show it. A share counted over fewer than `min_count` items (rollouts, calls, tool calls, rows:
+`agl.health.min_count`, default 8) never stops the run: three bad tool calls of four are noise, not evidence; over
+its stop limit it warns instead. One stop needs no limit: a step in which every rollout failed ends the run with the
+first agent error as the ledger recorded it (rollout id, reason, the controller's message with the agent's log path).
 
 Defaults (shares unless said): warn / stop
 
@@ -15,10 +17,10 @@ Defaults (shares unless said): warn / stop
 | `reward_before_last_call` | 0 | 0.5 |
 | `failed_calls` | 0.05 | 0.5 |
 | `truncated_calls` | 0.25 | - |
-| `bad_tool_calls` | 0.2 | 0.5 |
+| `bad_tool_calls` | 0.2 | 0.9 |
 | `failed_rollouts` | 0.25 | - (every rollout failed: always a stop) |
 | `infra_failed_rollouts` | 0.1 | - |
-| `trajectory_breaks` | 0.05 | 0.5 |
+| `trajectory_breaks` | 0.05 | 0.9 (a break costs a segment row, not correctness) |
 | `dropped_rows` | 0.05 | 0.5 |
 | `truncated_rows` | 0.25 | - |
 | `masked_tokens` | - | - |
@@ -60,10 +62,10 @@ DEFAULT_LIMITS: dict[str, Limit] = {
     h.REWARD_BEFORE_LAST_CALL: Limit(0.0, 0.5),
     h.FAILED_CALLS: Limit(0.05, 0.5),
     h.TRUNCATED_CALLS: Limit(0.25, None),
-    h.BAD_TOOL_CALLS: Limit(0.2, 0.5),
+    h.BAD_TOOL_CALLS: Limit(0.2, 0.9),
     h.FAILED_ROLLOUTS: Limit(0.25, None),
     h.INFRA_FAILED_ROLLOUTS: Limit(0.1, None),
-    h.TRAJECTORY_BREAK_SHARE: Limit(0.05, 0.5),
+    h.TRAJECTORY_BREAK_SHARE: Limit(0.05, 0.9),
     h.DROPPED_ROWS: Limit(0.05, 0.5),
     h.TRUNCATED_ROWS: Limit(0.25, None),
     h.MASKED_TOKENS: Limit(None, None),
@@ -121,13 +123,15 @@ def _rollout_list(ids: Sequence[str], most: int) -> str:
     return f"; rollouts: {shown}" + (f" and {more} more" if more > 0 else "")
 
 
-def breach_line(step: int, prefix: str, name: str, level: str, limit: float, health: h.StepHealth, most: int) -> str:
+def breach_line(
+    step: int, prefix: str, name: str, level: str, limit: float, health: h.StepHealth, most: int, note: str = ""
+) -> str:
     value = health.value(name)
     share = health.shares.get(name)
     amount = f" ({share.part:g} of {share.whole:g})" if share is not None else ""
     kind = "stop" if level == STOP else "warning"
     return (
-        f"step {step}: {prefix}/{name}={value:.4g}{amount} over the {kind} limit {limit:g}"
+        f"step {step}: {prefix}/{name}={value:.4g}{amount} over the {kind} limit {limit:g}{note}"
         f"{_rollout_list(health.rollouts(name), most)}"
     )
 
@@ -140,8 +144,10 @@ def evaluate(
     *,
     prefix: str = h.TRAIN_PREFIX,
     most: int = 5,
+    min_count: int = 1,
 ) -> list[Breach]:
-    """The limits `names` pass (a value strictly above a limit), stops first; one breach per metric."""
+    """The limits `names` pass (a value strictly above a limit), stops first; one breach per metric. A share over
+    fewer than `min_count` items is over its stop limit as a warning only."""
     stops: list[Breach] = []
     warnings: list[Breach] = []
     for name in names:
@@ -149,7 +155,12 @@ def evaluate(
         if limit is None:
             continue
         value = health.value(name)
-        if limit.stop is not None and value > limit.stop:
+        share = health.shares.get(name)
+        if limit.stop is not None and value > limit.stop and share is not None and share.whole < min_count:
+            note = f", but only {share.whole:g} counted (fewer than agl.health.min_count={min_count}): a warning"
+            line = breach_line(step, prefix, name, STOP, limit.stop, health, most, note)
+            warnings.append(Breach(name, WARN, value, limit.stop, line))
+        elif limit.stop is not None and value > limit.stop:
             stops.append(
                 Breach(name, STOP, value, limit.stop, breach_line(step, prefix, name, STOP, limit.stop, health, most))
             )
@@ -181,11 +192,12 @@ class Guardrails:
 
     limits: Mapping[str, Limit]
     most_rollouts: int = 5
+    min_count: int = 8
     identical_steps: int = 0
 
     def enforce(self, step: int, health: h.StepHealth, names: Iterable[str]) -> int:
         """Logs each warning; raises HealthStop with the first stop's line. Returns the number of warnings."""
-        breaches = evaluate(step, health, names, self.limits, most=self.most_rollouts)
+        breaches = evaluate(step, health, names, self.limits, most=self.most_rollouts, min_count=self.min_count)
         if breaches and breaches[0].level == STOP:
             raise HealthStop(breaches[0].line)
         for breach in breaches:

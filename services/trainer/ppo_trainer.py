@@ -141,7 +141,7 @@ class AglPPOTrainer(RayPPOTrainer):
         self.ledger = LedgerClient(self.agl.ledger_address, self.agl.key)
         hooks = load_hooks(self.agl.hooks) if self.agl.hooks else None
         self.manager = RolloutManager(self.ledger, self.agl.manager, hooks=hooks)
-        self.guard = Guardrails(self.agl.health_limits, self.agl.health_rollouts_named)
+        self.guard = Guardrails(self.agl.health_limits, self.agl.health_rollouts_named, self.agl.health_min_count)
         self._token_texts: dict[int, str] = {}
         self._step_rows = {}
         if self.agl.row_records and self.agl.manager.keep_steps == 0:

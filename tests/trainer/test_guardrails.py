@@ -56,9 +56,25 @@ def test_between_the_limits_is_a_warning_line_and_at_a_limit_is_nothing(caplog: 
 def test_stops_come_before_warnings_and_values_without_a_share_have_no_amount() -> None:
     health = step_health(bad_tool_calls=(3, 10, ["t"]))
     health.update(h.StepHealth(values={h.LOGPROB_GAP: 0.9}))
-    breaches = evaluate(2, health, [h.BAD_TOOL_CALLS, h.LOGPROB_GAP], DEFAULT_LIMITS)
+    breaches = evaluate(2, health, [h.BAD_TOOL_CALLS, h.LOGPROB_GAP], DEFAULT_LIMITS, min_count=8)
     assert [(b.name, b.level) for b in breaches] == [("logprob_gap", "stop"), ("bad_tool_calls", "warn")]
     assert breaches[0].line == "step 2: agl/health/logprob_gap=0.9 over the stop limit 0.5"
+
+
+def test_a_share_over_too_few_items_warns_instead_of_stopping(caplog: pytest.LogCaptureFixture) -> None:
+    few = step_health(bad_tool_calls=(4, 4, ["t0", "t1"]))
+    guard = Guardrails(DEFAULT_LIMITS, min_count=8)
+    with caplog.at_level(logging.WARNING, logger="services.trainer.guardrails"):
+        assert guard.enforce(3, few, [h.BAD_TOOL_CALLS]) == 1
+    assert caplog.records[0].getMessage() == (
+        "health warning: step 3: agl/health/bad_tool_calls=1 (4 of 4) over the stop limit 0.9, but only 4 counted "
+        "(fewer than agl.health.min_count=8): a warning; rollouts: t0, t1"
+    )
+    with pytest.raises(HealthStop):
+        Guardrails(DEFAULT_LIMITS, min_count=4).enforce(3, few, [h.BAD_TOOL_CALLS])
+    # Values that are not shares (a log-prob gap) have no count: their stop stands.
+    with pytest.raises(HealthStop):
+        guard.enforce(3, h.StepHealth(values={h.LOGPROB_GAP: 0.6}), [h.LOGPROB_GAP])
 
 
 def trace(rid: str, *, ok: bool = False, reason: str = "EXIT_CODE", error: str = "") -> RolloutTrace:
@@ -118,8 +134,10 @@ def test_config_keys_reach_the_settings() -> None:
             "agl.include_failed=false",
             "+agl.health.limits.rollouts_without_calls.stop=0.9",
             "agl.health.rollouts_named=2",
+            "agl.health.min_count=3",
         )
     )
+    assert settings.health_min_count == 3
     assert settings.infra.policy is Policy.DROP_GROUP and settings.infra.timeout_is_infra
     assert not settings.infra.include_failed
     assert settings.health_limits["rollouts_without_calls"] == Limit(0.1, 0.9)
@@ -146,6 +164,7 @@ def test_config_keys_reach_the_settings() -> None:
         ("+agl.health.limits.failed_calls.warn=0.9", "agl.health.limits.failed_calls: warn=0.9 above stop=0.5"),
         ("agl.health.rollouts_named=0", "agl.health.rollouts_named=0: an integer >= 1"),
         ("+agl.health.stop_all=true", "agl.health.stop_all: unknown key"),
+        ("agl.health.min_count=0", "agl.health.min_count=0: an integer >= 1"),
     ],
 )
 def test_invalid_config_is_refused_with_the_key(override: str, message: str) -> None:

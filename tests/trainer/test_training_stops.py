@@ -99,3 +99,46 @@ def test_a_step_whose_every_rollout_crashed_stops_the_run_with_the_first_agent_e
         assert call["response_tokens"] > 0
     crashed = [r for r in records if r["kind"] == "train"]
     assert len(crashed) == 8 and all(r["failure_reason"] == "EXIT_CODE" and len(r["calls"]) == 1 for r in crashed)
+
+
+def test_agents_that_never_call_the_model_stop_the_run_over_the_limit(
+    stack: Stack, cpu_engine: Engine, tmp_path: Path
+) -> None:
+    run_id = "stop-nocall"
+    train = write(tmp_path / "train.jsonl", ["no_call", "no_call"])
+    out = stack.root / run_id
+    out.mkdir()
+    argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}"]
+    argv += trainer_overrides(cpu_engine, run_id, train, out, steps=2, lr=1e-3, agent=AGENT)
+    # A limit from the command line reaches the trainer (and the line names it).
+    argv += ["+agl.health.limits.rollouts_without_calls.stop=0.9", "agl.health.rollouts_named=2"]
+    env = local_stack.child_environment({"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")})
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=850, check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-5000:]
+    [last] = [line for line in proc.stderr.splitlines() if line.startswith("agl-trainer:")]
+    assert last == (
+        "agl-trainer: health stop: step 1: agl/health/rollouts_without_calls=1 (8 of 8) over the stop limit 0.9; "
+        f"rollouts: {run_id}-s1-g0-r0, {run_id}-s1-g0-r1 and 6 more"
+    ), output[-5000:]
+    assert "Traceback" not in proc.stderr
+
+    async def recorded() -> tuple[run_pb2.Run, list[run_pb2.RunStep], list[dict]]:
+        async with stack.client() as client:
+            events = await client.list_events(f"{run_id}-s1-g0-r0", event_type="agl_training_rows")
+            return (
+                await client.get_run(run_id),
+                await client.list_run_steps(run_id),
+                [json.loads(e.data_json) for e in events],
+            )
+
+    ledger_run, steps, rows = asyncio.run(recorded())
+    assert ledger_run.state == run_pb2.RUN_STATE_FAILED and ledger_run.error_message == last.removeprefix(
+        "agl-trainer: "
+    )
+    assert json.loads(ledger_run.config_json)["health_limits"]["agl/health/rollouts_without_calls"]["stop"] == 0.9
+    [step_1] = [s.metrics for s in steps if s.step == 1]
+    assert step_1["agl/health/rollouts_without_calls"] == 1.0 and step_1["agl/health/stopped"] == 1.0
+    # The stopping step's rollouts carry the trainer's record: no rows, counted in the metric that stopped the run.
+    [record] = rows
+    assert record["step"] == 1 and record["rows"] == [] and "rollouts_without_calls" in record["flags"]
