@@ -171,3 +171,17 @@ def test_invalid_config_is_refused_with_the_key(override: str, message: str) -> 
     with pytest.raises(ConfigError) as refused:
         settings_from_config(compose_cfg(override))
     assert str(refused.value).startswith(message), str(refused.value)
+
+
+def test_the_guardrail_cores_import_neither_grpc_nor_ray() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import services.trainer.guardrails, services.trainer.health, services.trainer.infra_policy\n"
+        "import services.trainer.row_records\n"
+        "print(sorted(m for m in ('grpc', 'ray', 'torch', 'verl') if m in sys.modules))\n"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
