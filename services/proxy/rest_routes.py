@@ -185,11 +185,13 @@ class RestFacade:
         after = max(0, _int_param(request, "after", 0))
         limit = min(max(1, _int_param(request, "limit", 1000)), _MAX_PAGE)
         page = await self.client.list_terminal(after_cursor=after, page_size=limit)
-        items = [terminal_item(entry.rollout) for entry in page.entries]
-        next_after = max(page.next_cursor, after)
-        # v1.0 counts the log's entries; the ledger's cursors are positions in it, so its end is the count of
-        # rollouts that ever became terminal (v1.0 also stops counting deleted ones: the two differ after deletes).
-        end, full = next_after, len(page.entries) >= limit
+        # The ledger's cursors are positions in the completion log, as v1.0's `after` is: v1.0's `limit` counts
+        # positions, a deleted rollout's included (it gives no item), so the page stops at after + limit.
+        last = after + limit
+        items = [terminal_item(entry.rollout) for entry in page.entries if entry.cursor <= last]
+        next_after = max(min(page.next_cursor, last), after)
+        # v1.0's total counts the log's positions, deleted rollouts' too: the ledger's end position.
+        end, full = max(page.next_cursor, after), len(page.entries) >= limit
         while full:
             more = await self.client.list_terminal(after_cursor=end, page_size=_MAX_PAGE)
             end, full = max(more.next_cursor, end), len(more.entries) >= _MAX_PAGE

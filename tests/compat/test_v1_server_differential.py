@@ -309,6 +309,39 @@ def test_known_differences_are_what_the_readme_says(servers: tuple[str, str, Htt
     # Ids: v1.0 takes any string; AGL only [A-Za-z0-9_.-] (they appear unescaped in URLs, Job names, logs).
     v1, agl = both(servers, lambda c, r: create(c, r + " x"))
     assert (v1.status_code, agl.status_code) == (201, 422) and "rollout_id" in agl.json()["detail"]
+    # A cursor ahead of the completion log (a ledger that was reset): v1.0 answers an empty page, forever; AGL 422.
+    v1, agl = both(servers, lambda c, r: c.get("/api/rollouts/terminal", params={"after": 10**9}))
+    assert (v1.status_code, agl.status_code) == (200, 422) and "start over" in agl.json()["detail"]
+    assert v1.json()["items"] == [] and v1.json()["next_after"] == 10**9
     # A refused body: v1.0 (FastAPI) lists pydantic's errors, AGL one sentence naming the field.
     v1, agl = both(servers, lambda c, r: c.post("/api/rollouts", json=[{"is_train": True}]))
     assert isinstance(v1.json()["detail"], list) and "input" in agl.json()["detail"]
+
+
+def test_the_terminal_cursor_pages_as_v1s(servers: tuple[str, str, Http]) -> None:
+    """Completion order (not creation order), a deleted rollout skipped but counted in the cursor and the total,
+    `limit` and `next_after` as in v1.0."""
+
+    def pages(client: httpx.Client, rollout_id: str) -> httpx.Response:
+        start = client.get("/api/rollouts/terminal", params={"after": 0, "limit": 1}).json()["total_terminal"]
+        ids = [f"{rollout_id}-{k}" for k in range(3)]
+        for rid in ids:
+            create(client, rid)
+            patch(client, rid, state="running")
+        for rid, state in ((ids[1], "succeeded"), (ids[0], "failed"), (ids[2], "succeeded")):
+            patch(client, rid, state=state)
+        client.delete(f"/api/rollouts/{ids[0]}")
+        answers = []
+        after = start
+        for _ in range(3):
+            page = client.get("/api/rollouts/terminal", params={"after": after, "limit": 2}).json()
+            answers.append(
+                {**page, "next_after": page["next_after"] - start, "total_terminal": page["total_terminal"] - start}
+            )
+            after = page["next_after"]
+        return httpx.Response(200, json=answers)
+
+    answers = same(servers, pages)
+    assert [[i["state"] for i in page["items"]] for page in answers] == [["succeeded"], ["succeeded"], []]
+    assert [page["next_after"] for page in answers] == [2, 3, 3]
+    assert all(page["total_terminal"] == 3 for page in answers)
