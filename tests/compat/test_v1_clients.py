@@ -131,8 +131,10 @@ def test_v1_examples_run_unmodified_through_agls_controller(agl1: Agl1, stack: S
     controller (its rollouts enqueued by v1.0's rollout manager); calc_x runs as its own Job template runs it
     (`python calc_agent.py`), AutoGen calling the MCP calculator server the stand-in's tool call asks for."""
     with agl_controller(agl1, stack, tmp_path, ["gsm8k", "calc_x"]) as controller:
+        clear_engine_log(stack)
         answer = run_json(agl1, tmp_path, "trainer_step.py", step_spec(stack, "gsm8k_agent.ChatAgent"))
         check_step(stack, answer, attempt=None)
+        assert len(engine_calls(stack)) == 6  # one call per rollout, each captured once (the triplets above)
         assert all(r["attempts"] != ["0"] for r in answer["completed"])  # AGL's own attempt ids
 
         registered_stack(stack)
