@@ -16,7 +16,7 @@ import pytest
 from services._gen.agl.v1 import event_pb2, rollout_pb2
 from services.client import LedgerClient, agent_token
 
-from .conftest import AUTH, KEY, MODEL, Http, base_url, event_url, new_rollout
+from .conftest import AUTH, KEY, MODEL, Http, base_url, event_url, new_rollout, run_proxy
 
 RUNNING, SUCCEEDED = rollout_pb2.ROLLOUT_STATE_RUNNING, rollout_pb2.ROLLOUT_STATE_SUCCEEDED
 
@@ -121,6 +121,41 @@ async def test_v1_drain_counts_a_call_in_flight_until_it_ends(proxy: Http, clien
             assert (await http.get("/proxy/state")).json()["inflight"] == 0
         finally:
             await http.post("/proxy/resume")
+
+
+async def test_v1_state_counts_the_calls_of_every_replica(ledger, engine: Http, client: LedgerClient) -> None:
+    """v1.0's gateway was one process; here v1.0's trainer may ask any replica: a call in flight on another one
+    keeps `inflight` above 0 until it ends, so v1.0's drain loop waits for it."""
+    rollout_id = await new_rollout(client)
+    with run_proxy(ledger.address) as asked, run_proxy(ledger.address) as other:
+        async with api(asked) as http, httpx.AsyncClient(headers=AUTH, timeout=30) as agent:
+            slow = asyncio.create_task(
+                agent.post(
+                    f"{base_url(other, rollout_id)}/chat/completions",
+                    json={
+                        "model": MODEL,
+                        "messages": [{"role": "user", "content": "hi"}],
+                        "standin": {"delay_ms": 2000},
+                    },
+                )
+            )
+            try:
+                await asyncio.sleep(0.5)
+                paused = await http.post("/proxy/pause", json={"reason": "update"})
+                assert paused.status_code == 200 and paused.json()["inflight"] >= 1, paused.text
+                seen = []
+                while not slow.done():
+                    seen.append((await http.get("/proxy/state")).json()["inflight"])
+                    await asyncio.sleep(0.1)
+                assert (await slow).status_code == 200
+                assert seen and min(seen) >= 1, seen  # every reading while the call ran counted it
+                for _ in range(100):
+                    if (await http.get("/proxy/state")).json()["inflight"] == 0:
+                        break
+                    await asyncio.sleep(0.05)
+                assert (await http.get("/proxy/state")).json()["inflight"] == 0
+            finally:
+                await http.post("/proxy/resume")
 
 
 async def test_v1_pause_refuses_what_v1_refuses_and_needs_the_master_key(proxy: Http) -> None:
