@@ -127,8 +127,10 @@ def run_json(agl1: Agl1, tmp_path: Path, script: str, spec: dict[str, Any] | Non
         spec_path = tmp_path / f"{script}.spec.json"
         spec_path.write_text(json.dumps(spec))
         args = (str(spec_path), *args)
-    run_v1(agl1, script, *args, str(out), **kw)
-    return json.loads(out.read_text())
+    output = run_v1(agl1, script, *args, str(out), **kw)
+    answer = json.loads(out.read_text())
+    answer["output"] = output  # what v1.0's code printed
+    return answer
 
 
 @contextlib.contextmanager

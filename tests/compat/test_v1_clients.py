@@ -20,6 +20,7 @@ from services._gen.agl.v1 import event_pb2, rollout_pb2
 from services.client import LedgerClient, agent_token
 
 from .conftest import (
+    CLIENTS,
     KEY,
     MODEL,
     Agl1,
@@ -117,10 +118,15 @@ def test_v1_local_controller_runs_v1_trainers_step_against_agl(agl1: Agl1, stack
     """v1.0 end to end with AGL in the middle: its controller launches its gsm8k example agent for the rollouts its
     trainer's rollout manager enqueues; AGL's proxy forwards and records every call."""
     clear_engine_log(stack)
+    spec = {**step_spec(stack, "gsm8k_agent.ChatAgent"), "hooks": str(CLIENTS / "note_hooks.py")}
     with v1_controller(agl1, stack, tmp_path, ["gsm8k"]) as controller:
-        answer = run_json(agl1, tmp_path, "trainer_step.py", step_spec(stack, "gsm8k_agent.ChatAgent"))
+        answer = run_json(agl1, tmp_path, "trainer_step.py", spec)
         assert controller.alive(), controller.log_text()[-4000:]
     check_step(stack, answer, attempt="0")  # v1.0's controller runs every rollout as attempt "0"
+    # Its hooks: on_enqueue's label is on every rollout; on_succeeded's write-back after the end is refused (409,
+    # README's differences), and v1.0's hook runner reports it and goes on: the step still completed.
+    assert all(r["metadata"]["labelled_by"] == "on_enqueue" for r in answer["completed"])
+    assert answer["output"].count("on_succeeded hook failed") == 4 and "409 Conflict" in answer["output"]
     calls = engine_calls(stack)
     assert len(calls) == 6  # one chat call per rollout, each recorded (the triplets above) and none twice
     assert all(c["body"]["model"] == MODEL and c["body"].get("return_token_ids") for c in calls)

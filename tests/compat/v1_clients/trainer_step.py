@@ -4,7 +4,8 @@ and follow the terminal cursor (`/api/rollouts/terminal`, read with v1.0's own p
 CompletedRollout triplets from `format=triplet`, delete the rollouts, delete the models.
 
 usage: python trainer_step.py SPEC.json OUT.json   (run in .venv-agl1)
-SPEC: {"base_url", "key", "model", "engine", "agent_class", "env_map", "data": {column: [values]}, "n", "timeout_s"}
+SPEC: {"base_url", "key", "model", "engine", "agent_class", "env_map", "data": {column: [values]}, "n", "timeout_s",
+"hooks": a RolloutHooks file or null}
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def summary(completed: Any) -> dict[str, Any]:
         "rollout_id": completed.rollout_id,
         "data_id": completed.data_id,
         "input": completed.input,
+        "metadata": completed.metadata,
         "state": completed.rollout_state.value if completed.rollout_state else None,
         "error_message": completed.error_message,
         "final_reward": completed.final_reward,
@@ -66,6 +68,7 @@ def wait_on_terminal_cursor(manager: Any, rollout_ids: set[str], timeout_s: floa
 def main() -> None:
     with open(sys.argv[1]) as file:
         spec = json.load(file)
+    from agentlightning.hooks import load_hooks
     from agentlightning.schemas import Model
     from agentlightning.verl.agl_rollout_manager import AglRolloutManager
 
@@ -79,6 +82,7 @@ def main() -> None:
         poll_interval_seconds=0.2,
         local_agent_class=spec["agent_class"],
         local_env_map=spec["env_map"],
+        hooks=load_hooks(spec["hooks"]) if spec.get("hooks") else None,
     )
     registered = manager.register_model([spec["engine"]])
 
