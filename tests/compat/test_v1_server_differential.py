@@ -5,6 +5,8 @@ differs on purpose (README, "Differences from v1.0"), the test says so and check
 from __future__ import annotations
 
 import contextlib
+import json
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -345,3 +347,35 @@ def test_the_terminal_cursor_pages_as_v1s(servers: tuple[str, str, Http]) -> Non
     assert [[i["state"] for i in page["items"]] for page in answers] == [["succeeded"], ["succeeded"], []]
     assert [page["next_after"] for page in answers] == [2, 3, 3]
     assert all(page["total_terminal"] == 3 for page in answers)
+
+
+def test_model_call_refusals_have_v1s_status(servers: tuple[str, str, Http]) -> None:
+    """A body that is not JSON or not an object is 400, no engine for the model is 503, on both."""
+    chat = "/attempt/0/mode/train/openai/v1/chat/completions"
+
+    def post(client: httpx.Client, rollout_id: str, content: bytes) -> httpx.Response:
+        create(client, rollout_id)
+        return client.post(f"/proxy/rollout/{rollout_id}{chat}", content=content)
+
+    for content in (b"{not json", b"[1, 2]"):
+        v1, agl = both(servers, lambda c, r, content=content: post(c, r, content))
+        assert (v1.status_code, agl.status_code) == (400, 400), (content, v1.text, agl.text)
+    v1_url, agl_url, engine = servers
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
+    try:
+        for url in (v1_url, agl_url):
+            assert httpx.delete(f"{url}/api/models", headers=AUTH).json() == {"status": "ok"}
+        deadline = time.monotonic() + 10
+        while True:  # the proxy follows the registry's stream: it sees the endpoint go within moments
+            v1, agl = both(servers, lambda c, r: post(c, r, body))
+            if agl.status_code == 503 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert (v1.status_code, agl.status_code) == (503, 503), (v1.text, agl.text)
+    finally:
+        for url in (v1_url, agl_url):
+            models = [{"model": MODEL, "endpoint": f"{engine.url}/v1"}]
+            assert httpx.post(f"{url}/api/models", json=models, headers=AUTH).status_code == 201
+        deadline = time.monotonic() + 10
+        while not httpx.get(f"{agl_url}/status").json()["endpoints"] and time.monotonic() < deadline:
+            time.sleep(0.05)  # the next test finds the engine routed again
