@@ -1,0 +1,45 @@
+"""The step lines and the summary of `agl train` from verl's file-logger records (pure)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from services.cli.train import report
+
+
+def _step(step: int, **data: float) -> dict:
+    return {"step": step, "data": data}
+
+
+def test_progress_bar_counts_steps_and_estimates_the_time_left() -> None:
+    assert report.progress_bar(5, 20, 50.0) == "[#####...............] 5/20 eta 2m30s"
+    assert report.progress_bar(20, 20, 200.0) == "[####################] 20/20"
+    assert report.progress_bar(0, 20, 0.0) == "[....................] 0/20"
+
+
+def test_step_lines_say_where_a_launch_starts() -> None:
+    first = report.step_line(_step(0, **{"val/agl/reward_mean": 0.25}), 10)
+    assert first == "step   0/10  held-out reward 0.25 (before training)"
+    resumed = report.step_line(_step(4, **{"agl/push/seconds": 0.1}), 10)
+    assert resumed == "step   4/10  (resumed from the checkpoint of step 4)"
+    line = report.step_line(_step(5, **{"agl/reward/mean": 0.5}), 10, elapsed_s=10.0, val_label="held-out accuracy")
+    assert line.startswith("step   5/10  reward 0.50") and line.endswith("[##########..........] 5/10 eta 0m10s")
+
+
+def test_summary_counts_the_steps_that_trained(tmp_path: Path) -> None:
+    skipped = "agl/update/skipped_no_signal"
+    records = [
+        _step(0, **{"val/agl/reward_mean": 0.1}),
+        _step(1, **{"agl/reward/mean": 0.0, skipped: 1.0}),
+        _step(2, **{"agl/reward/mean": 0.2, skipped: 0.0, "val/agl/reward_mean": 0.3}),
+    ]
+    out = io.StringIO()
+    figures = report.summary(records, tmp_path, out)
+    assert figures == {"steps": 2, "skipped_steps": 1, "trained_steps": 1, "before": 0.1, "after": 0.3}
+    assert "steps without a learning signal (every reward of every group equal; the update was skipped): 1 of 2" in (
+        out.getvalue()
+    )
+    nothing = report.summary(records[:2], tmp_path, io.StringIO())
+    assert nothing["trained_steps"] == 0
+    assert (tmp_path / "reward_curve.png").is_file()
