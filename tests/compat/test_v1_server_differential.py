@@ -295,6 +295,15 @@ def test_known_differences_are_what_the_readme_says(servers: tuple[str, str, Htt
         )[2],
     )
     assert (v1.status_code, agl.status_code) == (200, 409)
+    # An attempt other than "0": v1.0 files the event under whatever attempt the URL names; AGL only under one the
+    # rollout has (404: nothing is stored under an attempt no controller started).
+    v1, agl = both(
+        servers, lambda c, r: (create(c, r), c.post(f"/api/rollouts/{r}/attempt/7/events", json={"event_type": "n"}))[1]
+    )
+    assert (v1.status_code, agl.status_code) == (200, 404) and "7" in agl.json()["error"]["message"]
+    # A PATCH without `state` on a queued rollout: v1.0 applies it; the ledger changes fields along a transition only.
+    v1, agl = both(servers, lambda c, r: (create(c, r), patch(c, r, error_message="note"))[1])
+    assert (v1.status_code, agl.status_code) == (200, 409)
     # A call on a finished rollout: v1.0 forwards and records it; AGL refuses it before any engine time is spent.
     chat = "/attempt/0/mode/train/openai/v1/chat/completions"
     body = {"messages": [{"role": "user", "content": "hi"}]}
