@@ -50,6 +50,38 @@ MATH_AGENT = "examples.math_agent.agent:MathAgent"
 TASK_ENV = {"AGL_TASK_QUESTION": "input.question", "AGL_TASK_ANSWER": "input.answer"}
 
 
+# Options only one mode uses; given to the other mode they are refused, never ignored.
+QUICK_ONLY = ("--dataset", "--agent-class", "--samples", "--engine-url", "--rollout-timeout", "--deadline", "--quiet")
+
+
+def given(argv: Sequence[str], options: Sequence[str]) -> list[str]:
+    return [name for name in options if any(arg == name or arg.startswith(name + "=") for arg in argv)]
+
+
+def check_mode_options(argv: Sequence[str], parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """SystemExit(2) naming an option the chosen mode does not use."""
+    if args.quick:
+        training = [
+            name
+            for group in parser._action_groups
+            if group.title == demo_train.GROUP_TITLE
+            for action in group._group_actions
+            for name in action.option_strings
+        ]
+        extra = [name for name in given(argv, training) if name != "--agent"]
+        if extra:
+            parser.error(f"{', '.join(extra)}: training options; --quick collects rollouts and trains nothing")
+        return
+    extra = given(argv, QUICK_ONLY)
+    if os.environ.get("ENGINE_URL") and "--engine-url" not in extra:
+        extra.append("ENGINE_URL")
+    if extra:
+        parser.error(
+            f"{', '.join(extra)}: used by --quick only; the training demo serves the model it trains. To train your "
+            "own agent on your own tasks: agl train --agent-class pkg.mod:Agent --data tasks.jsonl (see the README)"
+        )
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="demo", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--dataset", type=Path, default=REPO_ROOT / "examples" / "data" / "math.jsonl")
@@ -64,7 +96,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quiet", action="store_true", help="no live progress lines")
     parser.add_argument("--quick", action="store_true", help="stand-in engine, collection only (no training)")
     demo_train.add_arguments(parser)
-    return parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    check_mode_options(argv, parser, args)
+    return args
 
 
 def _positive_int(text: str) -> int:

@@ -44,8 +44,11 @@ WARM_START_VERSION = 3
 DEMO_SAVE_EVERY = 10
 
 
+GROUP_TITLE = "training (the default)"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("training (the default)")
+    group = parser.add_argument_group(GROUP_TITLE)
     group.add_argument(
         "--agent",
         choices=sorted(AGENTS),

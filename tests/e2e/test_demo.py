@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from examples.math_agent.agent import score
 from services.standin.tokenizer import ToyTokenizer
 
@@ -140,3 +142,21 @@ def test_demo_stopped_with_sigterm_stops_everything_without_a_traceback(tmp_path
     assert "Traceback" not in err
     assert "everything the demo started has been stopped" in err
     assert _processes_mentioning(str(data_dir)) == [], "the demo left processes running"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--dataset", "mine.jsonl", "--steps", "5"], "--dataset: used by --quick only"),
+        (["--agent-class", "mine:Agent", "--samples", "3"], "--agent-class, --samples: used by --quick only"),
+        (["--quick", "--steps", "3", "--lr=0.1"], "--steps, --lr: training options"),
+    ],
+)
+def test_demo_refuses_options_its_mode_does_not_use(argv: list[str], expected: str) -> None:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AGL_") and key != "ENGINE_URL"}
+    result = subprocess.run(
+        [sys.executable, "tools/demo.py", *argv], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert expected in result.stderr
+    assert "starting" not in result.stdout

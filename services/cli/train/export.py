@@ -1,6 +1,7 @@
 """A run's latest weights as a Hugging Face model directory: the base model's config, tokenizer, chat template and
-generation config, with the weights the trainer last pushed to the engines (the actor's full state, HF names),
-in the dtype they were trained in unless asked otherwise. Loadable by transformers, servable by agl-engine/vLLM.
+generation config, with the weights the trainer last pushed to the engines (the actor's full state, HF names; on
+GPUs, where verl's own engines get the weights in memory, the HF weights saved with the newest checkpoint), in the
+dtype they were trained in unless asked otherwise. Loadable by transformers, servable by agl-engine/vLLM.
 
 `agl export RUN` runs the same on a run's folder (a finished run, or one interrupted after a push).
 """
@@ -40,38 +41,62 @@ def base_model_of(run_dir: Path) -> Path:
     return Path(record["base_model"])
 
 
+def checkpoint_weights(run_dir: Path) -> list[Path]:
+    """The HF weights verl saved with the newest checkpoint (GPU runs save them: `hf_model` in save_contents)."""
+    marker = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
+    if not marker.is_file():
+        return []
+    folder = run_dir / "checkpoints" / f"global_step_{marker.read_text().strip()}" / "actor" / "huggingface"
+    return sorted(folder.glob("*.safetensors"))
+
+
+def weight_files(run_dir: Path) -> list[Path]:
+    """What holds the run's latest weights: the file pushed to the engines after the last update (CPU runs and
+    external engines), else the newest checkpoint's HF weights."""
+    pushed = run_dir / WEIGHTS
+    if pushed.is_file():
+        return [pushed]
+    saved = checkpoint_weights(run_dir)
+    if saved:
+        return saved
+    raise CliError(
+        f"{run_dir}: no weights to export: neither a pushed weights file ({pushed}) nor a checkpoint with HF weights "
+        "(the run stopped before its first update or checkpoint)",
+        USAGE,
+    )
+
+
 def export_model(run_dir: Path, target: Path, *, dtype: str = "trained") -> Path:
     """Writes target (replacing it whole: a reader never sees a half-written directory); returns it."""
     import torch
     from safetensors.torch import load_file, save_file
 
-    weights = run_dir / WEIGHTS
-    if not weights.is_file():
-        raise CliError(
-            f"{run_dir}: no pushed weights at {weights} (the run stopped before its first weight push, or ran on "
-            "GPUs with verl's own engines, whose weights stay in the checkpoints)",
-            USAGE,
-        )
+    sources = weight_files(run_dir)
     base = base_model_of(run_dir)
     if not (base / "config.json").is_file():
         raise CliError(f"{run_dir}: its base model {base} is gone (the config and tokenizer are copied from it)", USAGE)
-    tensors = load_file(str(weights))
-    if dtype != "trained":
-        wanted = getattr(torch, DTYPE_NAMES[dtype])
-        tensors = {name: t.to(wanted) if t.is_floating_point() else t for name, t in tensors.items()}
-    floating = {str(t.dtype).removeprefix("torch.") for t in tensors.values() if t.is_floating_point()}
     partial = target.with_name(f".{target.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     for name in _MODEL_FILES:
         if (base / name).is_file():
             shutil.copy2(base / name, partial / name)
+    index = sources[0].parent / "model.safetensors.index.json"
+    if len(sources) > 1 and index.is_file():
+        shutil.copy2(index, partial / index.name)
+    floating: set[str] = set()
+    for source in sources:
+        tensors = load_file(str(source))
+        if dtype != "trained":
+            wanted = getattr(torch, DTYPE_NAMES[dtype])
+            tensors = {name: t.to(wanted) if t.is_floating_point() else t for name, t in tensors.items()}
+        floating |= {str(t.dtype).removeprefix("torch.") for t in tensors.values() if t.is_floating_point()}
+        save_file(tensors, str(partial / source.name), metadata={"format": "pt"})
     config = json.loads((partial / "config.json").read_text())
     if len(floating) == 1:
         config["torch_dtype"] = next(iter(floating))
         config.pop("dtype", None)
     (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
     if target.exists():
         old = target.with_name(f".{target.name}.old")
         shutil.rmtree(old, ignore_errors=True)

@@ -273,6 +273,8 @@ def trainer_overrides(plan: TrainPlan, stack: Stack, model_path: Path) -> list[s
         import torch
 
         overrides.append(f"trainer.n_gpus_per_node={torch.cuda.device_count()}")
+        # verl's own engines get the weights in memory: the model to hand back is saved with each checkpoint.
+        overrides.append("actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]")
     # The caller's settings win: the example's, then the user's own Hydra overrides.
     return [*overrides, *plan.extra_overrides, *plan.overrides]
 
