@@ -4,7 +4,9 @@ Modes: `ok` (asks the model once, posts a reward that differs between rollouts),
 asking the model), `reward_first` (posts its reward, then asks), `no_reward` (asks, posts nothing), `crash` (asks,
 then raises: a non-zero exit, the agent's own failure), `kill` / `kill_once` (asks, then announces itself in the
 task's `"faults"` folder and waits there for the test's fault injector, which SIGKILLs it from outside, as the OOM
-killer would; an agent it spares posts its reward).
+killer would; an agent it spares posts its reward), `bad_tool_call` (offers a calculator tool with too few tokens to
+write the call out: the engine cannot parse the cut-off call), `template_break` (asks twice, the second time with its
+first answer rewritten in the history: not a pure append, as a template that drops reasoning would do).
 """
 
 from __future__ import annotations
@@ -24,11 +26,25 @@ def _headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def _ask(question: str) -> str:
-    body = {"model": "any", "messages": [{"role": "user", "content": question}], "max_tokens": 4}
+CALCULATOR = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluates an arithmetic expression.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}
+
+
+def _chat(messages: list[dict], **extra) -> dict:
+    body = {"model": "any", "messages": messages, "max_tokens": 4, **extra}
     reply = httpx.post(f"{os.environ['AGL_OPENAI_BASE_URL']}/chat/completions", json=body, headers=_headers())
     reply.raise_for_status()
-    return reply.json()["choices"][0]["message"]["content"] or " "
+    return reply.json()["choices"][0]["message"]
+
+
+def _ask(question: str) -> str:
+    return _chat([{"role": "user", "content": question}])["content"] or " "
 
 
 def _reward(value: float) -> None:
@@ -61,6 +77,17 @@ class FaultyAgent:
         if mode == "reward_first":
             _reward(0.5)
             _ask(question)
+            return
+        if mode == "bad_tool_call":
+            _chat([{"role": "user", "content": "What is 12 + 7?"}], tools=[CALCULATOR], max_tokens=3)
+            _reward(0.0)
+            return
+        if mode == "template_break":
+            first = [{"role": "user", "content": question}]
+            answer = _chat(first)
+            rewritten = {"role": "assistant", "content": "(an earlier answer, summarised)"}
+            _chat([*first, rewritten, {"role": "user", "content": f"Are you sure? {answer.get('content')}"}])
+            _reward(0.25)
             return
         answer = _ask(question)
         if mode == "crash":

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from deploy import local_stack
 from services._gen.agl.v1 import model_pb2
 from services.client import LedgerClient
 from services.trainer import health as h
+from services.trainer.adapter import DataPathSettings, build_training_batch
 from services.trainer.guardrails import DEFAULT_LIMITS, Limit, all_failed_line, evaluate
 from services.trainer.infra_policy import InfraSettings, Policy, select
 from services.trainer.manager import ManagerSettings, RolloutManager, StepResult
@@ -145,17 +147,25 @@ def ids(run_id: str, group: int, n: int) -> list[str]:
 async def test_agent_failures_are_counted_by_name_and_over_their_limit_stop(
     stack: Stack, run_id: str, tmp_path: Path
 ) -> None:
-    modes = ["ok", "no_call", "reward_first", "no_reward", "crash"]
+    modes = ["ok", "no_call", "reward_first", "no_reward", "crash", "bad_tool_call", "template_break"]
     result = await one_step(stack, run_id, tmp_path, modes, n=2, retry=2)
     traces = {t.rollout_id: t for t in result.traces}
-    assert len(traces) == 10
+    assert len(traces) == 14
     health = h.trace_health(result.traces, InfraSettings().reasons)
     assert health.rollouts(h.ROLLOUTS_WITHOUT_CALLS) == ids(run_id, 1, 2)
-    assert health.value(h.ROLLOUTS_WITHOUT_CALLS) == 0.2
+    assert health.value(h.ROLLOUTS_WITHOUT_CALLS) == 2 / 14
     assert health.rollouts(h.REWARD_BEFORE_LAST_CALL) == ids(run_id, 2, 2)
-    # Succeeded: ok, no_call, reward_first, no_reward (8); the two no_reward ones posted none.
+    # Succeeded: all but the two crashes (12); the two no_reward ones posted none.
     assert health.rollouts(h.SUCCEEDED_WITHOUT_REWARD) == ids(run_id, 3, 2)
-    assert health.value(h.SUCCEEDED_WITHOUT_REWARD) == 0.25
+    assert health.value(h.SUCCEEDED_WITHOUT_REWARD) == 2 / 12
+    # The cut-off tool calls: written (the engine's marker left in the text), not parsed; the only tool calls made.
+    assert health.rollouts(h.BAD_TOOL_CALLS) == ids(run_id, 5, 2) and health.value(h.BAD_TOOL_CALLS) == 1.0
+    # The rewritten history: the second call does not continue the first one's row, a break and a second segment.
+    counts = Counter(result.counts)
+    rows = build_training_batch(select(result.traces, InfraSettings(), 2).kept, DataPathSettings(), counts=counts)
+    assert rows.health is not None
+    assert rows.health.rollouts(h.TRAJECTORY_BREAK_SHARE) == ids(run_id, 6, 2)
+    assert rows.health.value(h.TRAJECTORY_BREAK_SHARE) == 1.0  # the only rollouts with a second call
     # The crash is the agent's own failure: failed, not the infrastructure's, still in its group with its calls.
     assert health.rollouts(h.FAILED_ROLLOUTS) == ids(run_id, 4, 2)
     assert health.value(h.INFRA_FAILED_ROLLOUTS) == 0.0
@@ -172,12 +182,15 @@ async def test_agent_failures_are_counted_by_name_and_over_their_limit_stop(
     assert lines[h.SUCCEEDED_WITHOUT_REWARD][0] == "warn"
     assert lines[h.ROLLOUTS_WITHOUT_CALLS] == (
         "warn",
-        f"step 1: agl/health/rollouts_without_calls=0.2 (2 of 10) over the warning limit 0.1; "
+        f"step 1: agl/health/rollouts_without_calls=0.1429 (2 of 14) over the warning limit 0.1; "
         f"rollouts: {', '.join(ids(run_id, 1, 2))}",
     )
-    strict = {**DEFAULT_LIMITS, h.ROLLOUTS_WITHOUT_CALLS: Limit(0.1, 0.15)}
-    [first, *_] = evaluate(1, health, h.TRACE_NAMES, strict)
-    assert (first.name, first.level) == (h.ROLLOUTS_WITHOUT_CALLS, "stop")
+    assert lines[h.BAD_TOOL_CALLS][0] == "stop"  # every tool call written failed: over 0.9
+    row_lines = {b.name: b.level for b in evaluate(1, rows.health, h.ROW_NAMES, DEFAULT_LIMITS)}
+    assert row_lines[h.TRAJECTORY_BREAK_SHARE] == "stop"
+    strict = {**DEFAULT_LIMITS, h.ROLLOUTS_WITHOUT_CALLS: Limit(0.1, 0.12)}
+    stops = [b.name for b in evaluate(1, health, h.TRACE_NAMES, strict) if b.level == "stop"]
+    assert stops == [h.ROLLOUTS_WITHOUT_CALLS, h.BAD_TOOL_CALLS]
     assert all_failed_line(1, result.traces, InfraSettings().reasons) is None
 
 
