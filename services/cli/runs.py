@@ -91,7 +91,8 @@ async def show_run(client: LedgerClient, args: argparse.Namespace) -> int:
     if args.last < 0:
         raise CliError("--last must not be negative", USAGE)
     run = await client.get_run(args.run_id)
-    steps = await client.list_run_steps(args.run_id, metric_names=args.metric)
+    # --health shows every health metric: a --metric filter would hide them.
+    steps = await client.list_run_steps(args.run_id, metric_names=[] if args.health else args.metric)
     if args.health:
         return _show_health(run, steps[-(args.last or HEALTH_STEPS) :], args.json)
     if args.last:
