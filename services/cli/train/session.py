@@ -31,6 +31,7 @@ RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
 TRAJECTORIES_FILE = "trajectories.jsonl"
 SMOKE_LABEL = "agl_smoke"
+TRAINER_STOP_GRACE_S = 3.0
 
 
 class Interrupted(Exception):
@@ -292,8 +293,10 @@ def trainer_process(argv: Sequence[str], env: Mapping[str, str], log_path: Path)
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
+            # Briefly: Ray's task runner outlives its driver's SIGTERM and would go on training (a step nobody sees,
+            # checkpointed). A kill is safe for resuming: verl names a checkpoint the latest only once it is whole.
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=20)
+                proc.wait(timeout=TRAINER_STOP_GRACE_S)
         # Ray's helpers share the group and may outlive the driver: nothing of the run stays behind.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
