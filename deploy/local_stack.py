@@ -225,8 +225,10 @@ def run_stack(
     order: Sequence[str],
     log_dir: Path,
     health_timeout_s: float = 60.0,
+    stop_first: Sequence[str] = (),
 ) -> Iterator[dict[str, RunningService]]:
-    """Starts the plans in order, each once the ones before are healthy; stops them all in reverse order."""
+    """Starts the plans in order, each once the ones before are healthy; stops them all in reverse order, the
+    ones named in stop_first before the others (a controller before the proxy and the engine its agents call)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     running: dict[str, RunningService] = {}
     try:
@@ -247,6 +249,7 @@ def run_stack(
             wait_healthy(running[name], health_timeout_s)
         yield running
     finally:
-        for name in reversed(list(running)):
+        first = [name for name in stop_first if name in running]
+        for name in [*first, *(name for name in reversed(list(running)) if name not in first)]:
             code = stop(running[name])
             log.info("stopped %s (exit %s)", name, code)

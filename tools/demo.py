@@ -42,6 +42,7 @@ from services.cli.train.collect import (  # noqa: E402
     consume_terminal,
     failure_line,
 )
+from services.cli.train.options import positive_float, positive_int  # noqa: E402
 from services.client import LedgerClient  # noqa: E402
 from tools import demo_train  # noqa: E402
 
@@ -86,13 +87,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="demo", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--dataset", type=Path, default=REPO_ROOT / "examples" / "data" / "math.jsonl")
     parser.add_argument("--agent-class", default=MATH_AGENT, help="agent class the controller runs")
-    parser.add_argument("--samples", type=_positive_int, default=4, help="tasks taken from the dataset")
-    parser.add_argument("--group-size", type=_positive_int, default=4, help="rollouts per task (GRPO group size)")
+    parser.add_argument("--samples", type=positive_int, default=4, help="tasks taken from the dataset")
+    parser.add_argument("--group-size", type=positive_int, default=4, help="rollouts per task (GRPO group size)")
     parser.add_argument("--engine-url", default=os.environ.get("ENGINE_URL", ""), help="real engine (ENGINE_URL)")
     parser.add_argument("--data-dir", type=Path, default=Path("data"), help="ledger store and service logs")
     parser.add_argument("--output-dir", type=Path, default=Path("demo-output"), help="trajectory JSONL files")
-    parser.add_argument("--rollout-timeout", type=_positive_float, default=60.0, help="seconds per rollout")
-    parser.add_argument("--deadline", type=_positive_float, default=300.0, help="seconds for the whole run")
+    parser.add_argument("--rollout-timeout", type=positive_float, default=60.0, help="seconds per rollout")
+    parser.add_argument("--deadline", type=positive_float, default=300.0, help="seconds for the whole run")
     parser.add_argument("--quiet", action="store_true", help="no live progress lines")
     parser.add_argument("--quick", action="store_true", help="stand-in engine, collection only (no training)")
     demo_train.add_arguments(parser)
@@ -100,26 +101,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     check_mode_options(argv, parser, args)
     return args
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value}): zero rollouts would wait for nothing")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds (got {text})")
-    return value
 
 
 def load_tasks(path: Path, count: int, required: Sequence[str] = ()) -> list[dict[str, Any]]:

@@ -187,6 +187,7 @@ def demo_plan(
         max_prompt_length=agent.max_prompt_length,
         max_response_length=agent.response_length,
         export_dtype="trained",
+        tool_call_parser="hermes",
         resume=False,
         # A control run (--lr 0) or a short one may well have steps without a signal: the demo reports, not judges.
         allow_no_learning=True,

@@ -18,7 +18,7 @@ import torch
 
 from services._gen.agl.v1 import run_pb2
 from services.client import LedgerClient
-from tests.support.procs import start_ledger
+from tests.support.procs import processes_mentioning, start_ledger
 
 AGL = Path(sys.executable).parent / "agl"
 # Each training run starts every service, the CPU engine and the trainer (minutes on two cores).
@@ -56,20 +56,6 @@ class ShopAgent:
 class NoRun:
     pass
 '''
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            blob = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
-        except OSError:
-            continue
-        if text.encode() in blob:
-            found.append(int(proc.name))
-    return found
 
 
 @pytest.fixture
@@ -185,7 +171,7 @@ def test_train_runs_the_users_agent_on_their_tasks_then_export_and_eval(workdir:
     assert all(row["state"] == "succeeded" and isinstance(row["reward"], float) for row in rows)
     mean = float(scored.stdout.split("mean reward ")[1].split()[0])
     assert abs(mean - sum(row["reward"] for row in rows) / 40) < 1e-3
-    assert _processes_mentioning(str(workdir)) == [], "agl left processes running"
+    assert processes_mentioning(str(workdir)) == [], "agl left processes running"
 
 
 def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
@@ -221,7 +207,7 @@ def test_ctrl_c_and_sigterm_stop_the_run_and_resume_continues_it(workdir: Path) 
     assert json.loads((output / "run.json").read_text())["state"] == "interrupted"
     stored = asyncio.run(_ledger_run(output, "shop2"))
     assert stored.state == run_pb2.RUN_STATE_FAILED and "interrupted by SIGINT" in stored.error_message
-    assert _processes_mentioning(str(workdir)) == []
+    assert processes_mentioning(str(workdir)) == []
 
     again = agl(*argv, cwd=workdir, timeout=60)
     assert again.returncode == 2 and "already exists" in again.stderr and "--resume" in again.stderr
@@ -242,7 +228,7 @@ def test_ctrl_c_and_sigterm_stop_the_run_and_resume_continues_it(workdir: Path) 
     assert [s for s in steps if s > 0][-1] == 3 and sorted(set(steps)) == [0, 1, 2, 3]
     assert asyncio.run(_ledger_run(output, "shop2")).state == run_pb2.RUN_STATE_SUCCEEDED
     assert (output / "model" / "model.safetensors").is_file()
-    assert _processes_mentioning(str(workdir)) == []
+    assert processes_mentioning(str(workdir)) == []
 
 
 def test_an_agent_that_fails_stops_before_training_with_its_own_error(workdir: Path) -> None:
@@ -255,7 +241,7 @@ def test_an_agent_that_fails_stops_before_training_with_its_own_error(workdir: P
     assert log.is_file() and "the shop is closed today" in log.read_text()
     assert "run closed: " not in result.stdout  # the trainer never started
     assert json.loads((workdir / "agl-runs" / "closed" / "run.json").read_text())["state"] == "failed"
-    assert _processes_mentioning(str(workdir)) == []
+    assert processes_mentioning(str(workdir)) == []
 
 
 def _bad_inputs(workdir: Path) -> list[tuple[list[str], str]]:
@@ -295,4 +281,4 @@ def test_each_bad_input_is_one_line_and_exit_2_before_anything_starts(workdir: P
         assert expected in lines[0], (argv, lines[0])
         assert "starting ledger" not in result.stdout, argv
         print(f"{took:5.1f}s  {lines[0]}")
-    assert _processes_mentioning(str(workdir)) == []
+    assert processes_mentioning(str(workdir)) == []

@@ -15,23 +15,9 @@ import pytest
 
 from examples.math_agent.agent import score
 from services.standin.tokenizer import ToyTokenizer
+from tests.support.procs import processes_mentioning
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    """Pids whose command line or environment mention text (the demo's services all carry its data dir)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            blob = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
-        except OSError:
-            continue
-        if text.encode() in blob:
-            found.append(int(proc.name))
-    return found
 
 
 def test_demo_runs_groups_writes_trajectories_and_cleans_up(tmp_path: Path) -> None:
@@ -72,7 +58,7 @@ def test_demo_runs_groups_writes_trajectories_and_cleans_up(tmp_path: Path) -> N
         "controller.log",
         "standin.log",
     }
-    assert _processes_mentioning(str(data_dir)) == [], "the demo left processes running"
+    assert processes_mentioning(str(data_dir)) == [], "the demo left processes running"
 
 
 def test_demo_trains_prints_steps_writes_results_and_cleans_up(tmp_path: Path) -> None:
@@ -113,8 +99,8 @@ def test_demo_trains_prints_steps_writes_results_and_cleans_up(tmp_path: Path) -
         assert record["input"]["question"] in call["prompt"]
         reply = call["response"].replace("<|im_end|>", "")
         assert record["reward"] == score(reply, record["input"]["answer"]), record
-    assert _processes_mentioning(str(data_dir)) == [], "the demo left processes running"
-    assert _processes_mentioning(str(output_dir)) == [], "the demo left processes running"
+    assert processes_mentioning(str(data_dir)) == [], "the demo left processes running"
+    assert processes_mentioning(str(output_dir)) == [], "the demo left processes running"
 
 
 def test_demo_stopped_with_sigterm_stops_everything_without_a_traceback(tmp_path: Path) -> None:
@@ -141,7 +127,7 @@ def test_demo_stopped_with_sigterm_stops_everything_without_a_traceback(tmp_path
     assert proc.returncode == 130, "".join(lines) + out + err
     assert "Traceback" not in err
     assert "everything the demo started has been stopped" in err
-    assert _processes_mentioning(str(data_dir)) == [], "the demo left processes running"
+    assert processes_mentioning(str(data_dir)) == [], "the demo left processes running"
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from .stack import CHECKOUT, running_stack
 
 EVAL_LABEL = "agl_eval"
 KNOWN = ("data", "model", "output", "concurrency", "agent_class", "command", "env_map", "rollout_timeout",
-         "max_prompt_length", "max_response_length")  # fmt: skip
+         "max_prompt_length", "max_response_length", "tool_call_parser")  # fmt: skip
 
 
 def task_record(index: int, record: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
@@ -83,6 +83,7 @@ def run_eval_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         concurrency=int(args.concurrency),
         agent_path=checks.agent_import_path(),
         out=out,
+        tool_call_parser=str(args.tool_call_parser),
         console=False,
     ) as stack:
         done = [0]

@@ -9,11 +9,12 @@ follow the options (`agl train ... -- trainer.seed=3`).
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import shlex
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,44 +30,26 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEFAULT_LR = {TINY_MODEL: 1e-4, "model": 1e-6}
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
-    return value
+def bounded(kind: type, low: float, *, strict: bool = False) -> Callable[[str], Any]:
+    """An argparse type: kind(text), finite, at least low (above it when strict)."""
+    what = "a whole number" if kind is int else "a number"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be {'above' if strict else 'at least'} {low:g} (got {text})")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be zero or more (got {value})")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number (got {text})")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be zero or a positive number (got {text})")
-    return value
+positive_int = bounded(int, 1)
+non_negative_int = bounded(int, 0)
+positive_float = bounded(float, 0, strict=True)
+non_negative_float = bounded(float, 0)
 
 
 def _add_agent_options(parser: argparse.ArgumentParser) -> None:
@@ -81,12 +64,17 @@ def _add_agent_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=VALUE",
         help="an environment variable for the agent: VALUE input.FIELD takes the task's field (repeat it)",
     )
-    group.add_argument("--rollout-timeout", type=_positive_float, default=None, help="seconds per rollout (600)")
+    group.add_argument("--rollout-timeout", type=positive_float, default=None, help="seconds per rollout (600)")
     group.add_argument(
-        "--max-prompt-length", type=_positive_int, default=None, help="tokens of a row's prompt (tiny 256, else 2048)"
+        "--max-prompt-length", type=positive_int, default=None, help="tokens of a row's prompt (tiny 256, else 2048)"
     )
     group.add_argument(
-        "--max-response-length", type=_positive_int, default=None, help="tokens of a response (tiny 256, else 1024)"
+        "--max-response-length", type=positive_int, default=None, help="tokens of a response (tiny 256, else 1024)"
+    )
+    group.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="vLLM's parser for the model's tool calls (hermes; e.g. llama3_json, mistral; none: no tools)",
     )
     group.add_argument("--config", type=Path, help="a YAML file with any of these options (flags win)")
 
@@ -103,12 +91,12 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     _add_agent_options(p)
     group = p.add_argument_group("the model and the run")
     group.add_argument("--model", default=None, help="a Hugging Face model directory, or 'tiny' (the default)")
-    group.add_argument("--steps", type=_positive_int, default=None, help="GRPO steps (20)")
-    group.add_argument("--tasks-per-step", type=_positive_int, default=None, help="tasks per step (8)")
-    group.add_argument("--group-size", type=_positive_int, default=None, help="rollouts per task (4)")
-    group.add_argument("--lr", type=_non_negative_float, default=None, help="learning rate (tiny 1e-4, else 1e-6)")
-    group.add_argument("--val-every", type=_non_negative_int, default=None, help="steps between held-out scores (10)")
-    group.add_argument("--save-every", type=_positive_int, default=None, help="steps between checkpoints (10)")
+    group.add_argument("--steps", type=positive_int, default=None, help="GRPO steps (20)")
+    group.add_argument("--tasks-per-step", type=positive_int, default=None, help="tasks per step (8)")
+    group.add_argument("--group-size", type=positive_int, default=None, help="rollouts per task (4)")
+    group.add_argument("--lr", type=non_negative_float, default=None, help="learning rate (tiny 1e-4, else 1e-6)")
+    group.add_argument("--val-every", type=non_negative_int, default=None, help="steps between held-out scores (10)")
+    group.add_argument("--save-every", type=positive_int, default=None, help="steps between checkpoints (10)")
     group.add_argument("--placement", choices=PLACEMENTS, default=None, help="auto: GPUs when present, else CPU")
     group.add_argument("--export-dtype", choices=EXPORT_DTYPES, default=None, help="dtype of the model written")
     group.add_argument("--output", type=Path, help="results folder (agl-runs/RUN_ID)")
@@ -131,7 +119,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, help="the tasks to score")
     p.add_argument("--model", default=None, help="a Hugging Face model directory (a run's model/ folder)")
     p.add_argument("--output", type=Path, help="where the per-task JSONL goes (agl-runs/eval-<time>)")
-    p.add_argument("--concurrency", type=_positive_int, default=None, help="rollouts at once (16)")
+    p.add_argument("--concurrency", type=positive_int, default=None, help="rollouts at once (16)")
     _add_agent_options(p)
     return p
 
@@ -148,6 +136,7 @@ def add_export_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 TRAIN_DEFAULTS: dict[str, Any] = {
     "env_map": [],
+    "tool_call_parser": "hermes",
     "rollout_timeout": 600.0,
     "model": TINY_MODEL,
     "steps": 20,
@@ -161,6 +150,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
 }
 EVAL_DEFAULTS: dict[str, Any] = {
     "env_map": [],
+    "tool_call_parser": "hermes",
     "rollout_timeout": 600.0,
     "concurrency": 16,
 }

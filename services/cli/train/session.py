@@ -31,7 +31,6 @@ RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
 TRAJECTORIES_FILE = "trajectories.jsonl"
 SMOKE_LABEL = "agl_smoke"
-TRAINER_STOP_GRACE_S = 3.0
 
 
 class Interrupted(Exception):
@@ -64,6 +63,7 @@ class TrainPlan:
     max_prompt_length: int
     max_response_length: int
     export_dtype: str
+    tool_call_parser: str
     resume: bool
     allow_no_learning: bool
     overrides: list[str] = field(default_factory=list)
@@ -76,7 +76,7 @@ class TrainPlan:
 KNOWN = (
     "data", "val", "agent_class", "command", "env_map", "rollout_timeout", "max_prompt_length",
     "max_response_length", "model", "steps", "tasks_per_step", "group_size", "lr", "val_every", "save_every",
-    "placement", "export_dtype", "output", "run_id", "resume", "allow_no_learning",
+    "placement", "export_dtype", "output", "run_id", "resume", "allow_no_learning", "tool_call_parser",
 )  # fmt: skip
 
 
@@ -151,6 +151,7 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         max_prompt_length=int(args.max_prompt_length),
         max_response_length=int(args.max_response_length),
         export_dtype=str(args.export_dtype),
+        tool_call_parser=str(args.tool_call_parser),
         resume=bool(args.resume),
         allow_no_learning=bool(args.allow_no_learning),
         overrides=overrides,
@@ -274,6 +275,10 @@ def trainer_overrides(plan: TrainPlan, stack: Stack, model_path: Path) -> list[s
         import torch
 
         overrides.append(f"trainer.n_gpus_per_node={torch.cuda.device_count()}")
+        parser = plan.tool_call_parser
+        overrides.append(f"agl.tool_calls.enable_auto_tool_choice={'false' if parser == 'none' else 'true'}")
+        if parser != "none":
+            overrides.append(f"agl.tool_calls.parser={parser}")
         # verl's own engines get the weights in memory: the model to hand back is saved with each checkpoint.
         overrides.append("actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]")
     # The caller's settings win: the example's, then the user's own Hydra overrides.
@@ -290,14 +295,10 @@ def trainer_process(argv: Sequence[str], env: Mapping[str, str], log_path: Path)
     try:
         yield proc
     finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            # Briefly: Ray's task runner outlives its driver's SIGTERM and would go on training (a step nobody sees,
-            # checkpointed). A kill is safe for resuming: verl names a checkpoint the latest only once it is whole.
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=TRAINER_STOP_GRACE_S)
-        # Ray's helpers share the group and may outlive the driver: nothing of the run stays behind.
+        # Stopped early (an interruption, an error here): killed at once. A SIGTERM first would buy nothing: Ray's
+        # task runner outlives its driver's SIGTERM and goes on training (a step nobody sees, its rollouts created
+        # and then cut off). A kill is safe for resuming: verl names a checkpoint the latest only once it is whole,
+        # and agl marks the run in the ledger itself. Ray's helpers share the group: nothing stays behind.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -458,6 +459,7 @@ def train(plan: TrainPlan, out: TextIO = sys.stdout, *, base_model: Path | None 
             concurrency=max(8, plan.tasks_per_step * plan.group_size),
             agent_path=checks.agent_import_path(),
             out=out,
+            tool_call_parser=plan.tool_call_parser,
         ) as stack:
             try:
                 code, figures = _train_in(stack, plan, model_path, out, records)

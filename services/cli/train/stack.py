@@ -89,6 +89,7 @@ def running_stack(
     concurrency: int,
     agent_path: list[str],
     out: TextIO,
+    tool_call_parser: str = "hermes",
     console: bool = True,
 ) -> Iterator[Stack]:
     """Ledger (SQLite under folder/stack), proxy, controller, the CPU engine when model_dir is given, and the
@@ -109,7 +110,11 @@ def running_stack(
         },
     }
     if model_dir:
-        overrides["engine"] = {"AGL_ENGINE_MODEL_DIR": str(model_dir), "AGL_ENGINE_MAX_MODEL_LEN": str(max_model_len)}
+        overrides["engine"] = {
+            "AGL_ENGINE_MODEL_DIR": str(model_dir),
+            "AGL_ENGINE_MAX_MODEL_LEN": str(max_model_len),
+            "AGL_ENGINE_TOOL_CALL_PARSER": tool_call_parser,
+        }
     plans = stack_module.localize(specs, data_dir, overrides)
     # The controller's agents import the user's modules from where agl runs (the agent runner follows PYTHONPATH).
     user_path = os.environ.get("PYTHONPATH", "")
@@ -119,7 +124,11 @@ def running_stack(
     out.write(f"starting {', '.join(wanted)}{note}; logs in {logs}\n")
     out.flush()
     try:
-        with stack_module.run_stack(plans, stack_module.start_order(specs), logs, health_timeout_s=300.0) as running:
+        # The controller stops first: it ends the agents still running as CONTROLLER_SHUTDOWN, an infrastructure
+        # failure the resumed trainer retries. Stopped after the proxy or the engine, their calls would fail first
+        # and they would end as the agent's own failures (scores).
+        order = stack_module.start_order(specs)
+        with stack_module.run_stack(plans, order, logs, health_timeout_s=300.0, stop_first=["controller"]) as running:
             ledger = running["ledger"].address(int(specs["ledger"].env["AGL_LEDGER_PORT"]))
             model_name = specs["proxy"].env["AGL_MODEL_NAME"]
             proxy_url = "http://" + running["proxy"].address(int(specs["proxy"].env["AGL_PROXY_PORT"]))
