@@ -53,7 +53,7 @@ from .infra_policy import select
 from .loop_thread import LoopThread
 from .loss import apply_row_weights
 from .manager import RolloutManager
-from .row_records import flags_by_rollout, row_events, row_records
+from .row_records import ROW_APPEND_BYTES, event_chunks, flags_by_rollout, row_events, row_records
 from .specs import Sample
 from .trace_stats import trace_metrics
 from .trajectory_log import TrajectoryLog
@@ -416,8 +416,10 @@ class AglPPOTrainer(RayPPOTrainer):
             )  # fmt: skip
             events = row_events(done["step"], records, {t.rollout_id: t.attempt_id for t in done["traces"]})
             try:
-                if events:
-                    self.loop.run(self.ledger.append_events(events, allow_terminal=True))
+                # In appends of a few MB: a large step's rows (long responses, many rollouts) would pass the ledger's
+                # message limit in one.
+                for chunk in event_chunks(events, ROW_APPEND_BYTES):
+                    self.loop.run(self.ledger.append_events(chunk, allow_terminal=True))
             except LedgerError as err:
                 log.warning("step %d: recording the training rows failed (%s: %s)", done["step"], err.code().name,
                             err.details())  # fmt: skip

@@ -27,6 +27,8 @@ from .aggregation import Row
 from .triplets import RolloutTrace
 
 EVENT_TYPE = "agl_training_rows"
+# Bytes of record JSON per append (the ledger takes messages of up to 64 MB by default).
+ROW_APPEND_BYTES = 8 * 1024 * 1024
 
 TokenText = Callable[[Sequence[int]], list[str]]
 
@@ -111,3 +113,18 @@ def row_events(step: int, records: Mapping[str, dict], attempts: Mapping[str, st
         )
         for rid, record in records.items()
     ]
+
+
+def event_chunks(events: Sequence[event_pb2.Event], max_bytes: int) -> list[list[event_pb2.Event]]:
+    """The events in order, in lists of at most max_bytes of data_json each (one event alone may be more)."""
+    chunks: list[list[event_pb2.Event]] = []
+    size = 0
+    for event in events:
+        length = len(event.data_json)
+        if chunks and size + length <= max_bytes:
+            chunks[-1].append(event)
+            size += length
+        else:
+            chunks.append([event])
+            size = length
+    return chunks

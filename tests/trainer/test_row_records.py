@@ -9,7 +9,7 @@ from collections import Counter
 from services.trainer.adapter import DataPathSettings, build_training_batch
 from services.trainer.aggregation import AggregationLevel
 from services.trainer.infra_policy import InfraSettings, select
-from services.trainer.row_records import EVENT_TYPE, flags_by_rollout, row_events, row_records
+from services.trainer.row_records import EVENT_TYPE, event_chunks, flags_by_rollout, row_events, row_records
 from services.trainer.triplets import RolloutTrace, Triplet
 
 
@@ -65,3 +65,12 @@ def test_a_multi_turn_rollout_with_a_break_and_a_killed_sibling() -> None:
         ("r2", "a2", "agl-rows-s4", EVENT_TYPE),
     ]
     assert json.loads(events[0].data_json) == first
+
+
+def test_large_steps_are_appended_in_chunks() -> None:
+    events = row_events(1, {f"r{i}": {"rows": "x" * 90} for i in range(5)}, {})
+    size = len(events[0].data_json)
+    chunks = event_chunks(events, 2 * size)
+    assert [[e.rollout_id for e in c] for c in chunks] == [["r0", "r1"], ["r2", "r3"], ["r4"]]
+    assert [len(c) for c in event_chunks(events, size // 2)] == [1, 1, 1, 1, 1]  # one alone may be more
+    assert event_chunks([], size) == []
