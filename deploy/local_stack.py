@@ -29,7 +29,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,9 +226,12 @@ def run_stack(
     log_dir: Path,
     health_timeout_s: float = 60.0,
     stop_first: Sequence[str] = (),
+    when_healthy: Callable[[str, Mapping[str, RunningService]], None] | None = None,
 ) -> Iterator[dict[str, RunningService]]:
     """Starts the plans in order, each once the ones before are healthy; stops them all in reverse order, the
-    ones named in stop_first before the others (a controller before the proxy and the engine its agents call)."""
+    ones named in stop_first before the others (a controller before the proxy and the engine its agents call).
+    when_healthy(name, running) runs as each service turns healthy, before the next starts (registering an engine
+    before a controller can run agents against it)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     running: dict[str, RunningService] = {}
     try:
@@ -247,6 +250,8 @@ def run_stack(
             running[name] = RunningService(plan, proc, log_path)
             log.info("started %s (pid %d): %s", name, proc.pid, shlex.join(plan.argv))
             wait_healthy(running[name], health_timeout_s)
+            if when_healthy is not None:
+                when_healthy(name, running)
         yield running
     finally:
         first = [name for name in stop_first if name in running]

@@ -266,6 +266,8 @@ def _bad_inputs(workdir: Path) -> list[tuple[list[str], str]]:
         ([*data, *AGENT, "--run-id", "nothing", "--resume"], "no run to continue"),
         ([*data, *AGENT, "--config", "bad.yaml"], "unknown option(s) warp_speed"),
         ([*data], "say which agent to run"),
+        ([*data, *AGENT, "--val-every", "5"], "--val-every scores the held-out tasks: give them with --val FILE"),
+        (["--data", "shop.jsonl", *AGENT, *ENV_MAP, "--tasks-per-step", "41"], "40 tasks, fewer than --tasks-per"),
         ([*data, *AGENT, "trainer.seed"], "neither an option nor a Hydra override"),
     ]
 

@@ -174,8 +174,12 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 
 def merge_config(args: argparse.Namespace, defaults: Mapping[str, Any], known: Sequence[str]) -> argparse.Namespace:
-    """Fills options left unset from --config, then from defaults; unknown file keys are refused."""
+    """Fills options left unset from --config, then from defaults; unknown file keys are refused. args.given: the
+    options the user set (on the command line or in the file), for the checks that refuse an unused one."""
     from_file = read_config_file(args.config) if getattr(args, "config", None) else {}
+    args.given = {name for name in known if getattr(args, name, None) not in (None, [], False)} | (
+        set(from_file) & set(known)
+    )
     base = args.config.parent if getattr(args, "config", None) else Path(".")
     unknown = sorted(set(from_file) - set(known) - {"overrides"})
     if unknown:

@@ -120,15 +120,19 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
     if val_tasks:
         checks.check_env_map(env_map, val_tasks, Path(args.val))
     if len(tasks) < args.tasks_per_step:
-        raise CliError(f"--data {args.data}: {len(tasks)} tasks, fewer than --tasks-per-step {args.tasks_per_step}")
+        raise CliError(
+            f"--data {args.data}: {len(tasks)} tasks, fewer than --tasks-per-step {args.tasks_per_step}", USAGE
+        )
     if model != options.TINY_MODEL:
         model = str(checks.check_model_dir(model))
     checks.check_agent(agent_class, command, CHECKOUT)
     checks.check_writable(output)
     if placement == "cpu":
         checks.check_engine_installed()
-    if args.val_every and not val_tasks:
-        args.val_every = 0  # nothing to score: validation stays off (said in the plan line)
+    if not val_tasks:
+        if "val_every" in args.given:
+            raise CliError("--val-every scores the held-out tasks: give them with --val FILE", USAGE)
+        args.val_every = 0
     lr = float(args.lr) if args.lr is not None else options.default_lr(model)
     plan = TrainPlan(
         run_id=run_id,

@@ -73,11 +73,13 @@ def write_key(folder: Path) -> tuple[str, Path]:
     return key, path
 
 
-async def register_engine(ledger: str, key: str, model_name: str, engine_url: str) -> None:
+async def register_engine(ledger: str, key: str, model_name: str, engine_url: str = "") -> None:
+    """Replaces the model's endpoints with engine_url (with none when it is empty)."""
     async with LedgerClient(ledger, key=key) as client:
-        # The store outlives a run (resume): endpoints registered before point at ports that are gone now.
+        # The store outlives a launch (resume): endpoints registered before point at ports that are gone now.
         await client.delete_models([model_pb2.ModelEndpointKey(model_name=model_name)])
-        await client.register_models([model_pb2.ModelEndpoint(model_name=model_name, endpoint=engine_url)])
+        if engine_url:
+            await client.register_models([model_pb2.ModelEndpoint(model_name=model_name, endpoint=engine_url)])
 
 
 @contextlib.contextmanager
@@ -123,25 +125,40 @@ def running_stack(
     note = " (the engine takes ~40 s)" if model_dir else ""
     out.write(f"starting {', '.join(wanted)}{note}; logs in {logs}\n")
     out.flush()
+    ledger_port = int(specs["ledger"].env["AGL_LEDGER_PORT"])
+    model_name = specs["proxy"].env["AGL_MODEL_NAME"]
+
+    def register(name: str, running: Mapping[str, Any]) -> None:
+        # Before the controller starts: a resumed run's queued rollouts would otherwise run at once against the
+        # endpoints the ledger still holds from the last launch (gone), and fail as the agent's own errors. On GPUs
+        # the trainer registers verl's replicas itself.
+        if name == "ledger":
+            asyncio.run(register_engine(running["ledger"].address(ledger_port), key, model_name))
+        elif name == "engine":
+            port = int(specs["engine"].env["AGL_ENGINE_PORT"])
+            url = f"http://{running['engine'].address(port)}/v1"
+            asyncio.run(register_engine(running["ledger"].address(ledger_port), key, model_name, url))
+
+    order = stack_module.start_order(specs)
+    if model_dir:
+        order = [name for name in order if name != "controller"]
+        order.insert(order.index("engine") + 1, "controller")
     try:
         # The controller stops first: it ends the agents still running as CONTROLLER_SHUTDOWN, an infrastructure
         # failure the resumed trainer retries. Stopped after the proxy or the engine, their calls would fail first
         # and they would end as the agent's own failures (scores).
-        order = stack_module.start_order(specs)
-        with stack_module.run_stack(plans, order, logs, health_timeout_s=300.0, stop_first=["controller"]) as running:
-            ledger = running["ledger"].address(int(specs["ledger"].env["AGL_LEDGER_PORT"]))
-            model_name = specs["proxy"].env["AGL_MODEL_NAME"]
+        with stack_module.run_stack(
+            plans, order, logs, health_timeout_s=300.0, stop_first=["controller"], when_healthy=register
+        ) as running:
+            ledger = running["ledger"].address(ledger_port)
             proxy_url = "http://" + running["proxy"].address(int(specs["proxy"].env["AGL_PROXY_PORT"]))
             engine_url = ""
             if model_dir:
-                port = int(specs["engine"].env["AGL_ENGINE_PORT"])
-                engine_url = f"http://{running['engine'].address(port)}/v1"
-                asyncio.run(register_engine(ledger, key, model_name, engine_url))
+                engine_url = f"http://{running['engine'].address(int(specs['engine'].env['AGL_ENGINE_PORT']))}/v1"
             console_url = ""
             if console:
-                console_url = "http://{}/".format(
-                    running["console"].address(int(specs["console"].env["AGL_CONSOLE_PORT"]))
-                )
+                port = int(specs["console"].env["AGL_CONSOLE_PORT"])
+                console_url = f"http://{running['console'].address(port)}/"
             yield Stack(ledger, key, key_file, model_name, proxy_url, engine_url, console_url, logs, agent_logs)
     except stack_module.StackError as err:
         raise CliError(f"a service did not start: {err}") from None
