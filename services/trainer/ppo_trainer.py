@@ -459,13 +459,20 @@ class AglPPOTrainer(RayPPOTrainer):
         self.loop.run(progress.start_run(self.ledger, self.agl.run_id, labels, self._run_summary()))
         error: str | None = None
         try:
+            # A trainer stopped during a weight update left the proxies paused, and the pause is durable: lifted
+            # here, or every agent call of this run would get 429 (no update of this run is in flight yet).
+            self.loop.run(self.drainer.resume())
             start_metrics: dict[str, Any] = {}
             # The engines start from the base model; after a resume they must serve the checkpoint's weights.
             self._sync_weights(start_metrics)
-            if self.config.trainer.get("val_before_train", False):
+            val_only = bool(self.config.trainer.get("val_only", False))
+            if val_only or self.config.trainer.get("val_before_train", False):
                 start_metrics.update(self._validate())
             if start_metrics:
                 self._report(tracker, start_metrics)
+            if val_only:  # validates and ends (the run is recorded succeeded); verl's own meaning of the key
+                log.info("trainer.val_only: validated at step %d, no training", self.global_steps)
+                return
             samples = self.train_dataloader.stream()
             self.global_steps += 1
             test_freq = self.config.trainer.test_freq

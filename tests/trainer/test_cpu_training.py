@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from deploy import local_stack
+from services._gen.agl.v1 import run_pb2
 from services.trainer.engine_push import EnginePushError, push_weights
 from tests.support.engine import Engine, chat, reference_logprobs
 from tests.trainer import cpu_stack
@@ -158,3 +159,39 @@ def test_installed_command_composes_the_cpu_placement() -> None:
     assert config["agl"]["engines"]["external"] is True
     assert config["actor_rollout_ref"]["rollout"]["checkpoint_engine"]["backend"] == "agl_file"
     assert config["actor_rollout_ref"]["actor"]["fsdp_config"]["mixed_precision"]["param_dtype"] == "fp32"
+
+
+def test_val_only_validates_without_training_and_lifts_a_stale_pause(
+    stack: Stack, cpu_engine: Engine, tmp_path: Path
+) -> None:
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["parity"] * 4)
+    # A pause an interrupted trainer left behind (durable in the ledger): the new run must not inherit it.
+    asyncio.run(_pause(stack))
+    out = tmp_path / "val-only"
+    out.mkdir()
+    cpu_engine.restore_base_weights()
+    argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}"]
+    argv += trainer_overrides(cpu_engine, "cpuval", tasks, out, steps=3, lr=1e-3)
+    argv += [f"data.val_files={tasks}", "trainer.val_only=true"]
+    env = local_stack.child_environment({"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")})
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
+    run = TrainerRun.read(proc.returncode, proc.stdout + proc.stderr, out)
+    assert run.returncode == 0, run.output[-5000:]
+    assert [r["step"] for r in run.metrics] == [0]
+    assert run.step(0)["val/agl/reward_mean"] >= 0.0
+    assert not any(key.startswith("actor/") for key in run.step(0))
+    assert asyncio.run(remaining_by_step(stack, "cpuval")).get("1") is None  # no training rollout was created
+    assert max_weight_change(cpu_engine.model_dir, run.weights_dir) == 0.0
+
+    async def state() -> tuple[bool, int]:
+        async with stack.client() as client:
+            control = await client.get_proxy_control()
+            run_record = await client.get_run("cpuval")
+        return control.paused, run_record.state
+
+    assert asyncio.run(state()) == (False, run_pb2.RUN_STATE_SUCCEEDED)
+
+
+async def _pause(stack: Stack) -> None:
+    async with stack.client() as client:
+        await client.set_proxy_pause(True, 5, "step 7 weight update")

@@ -69,6 +69,9 @@ def step_line(
         line += f"  {val_label} {num('val/agl/reward_mean')}"
         if multi_turn:
             line += f" (tool-call rate {num('val/agl/tools/call_rate')})"
+    warnings = data.get("agl/health/warnings")
+    if warnings:
+        line += f"  health warnings {int(warnings)} (the trainer log; agl run ID --health)"
     if elapsed_s is not None:
         line += "  " + progress_bar(step, total, elapsed_s)
     if multi_turn:
