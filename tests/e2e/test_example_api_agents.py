@@ -20,7 +20,8 @@ from services._gen.agl.v1 import rollout_pb2
 from services.standin import model as standin_model
 from services.standin.tokenizer import ToyTokenizer, token_logprob
 from tests.e2e.conftest import Stack, run_to_end, spec
-from tests.e2e.test_demo import REPO_ROOT, _processes_mentioning
+from tests.e2e.test_demo import REPO_ROOT
+from tests.support.procs import processes_mentioning
 
 AGENTS = [
     pytest.param("examples.anthropic_agent.agent:AnthropicMathAgent", "anthropic.messages", id="anthropic"),
@@ -73,7 +74,7 @@ def test_demo_quick_runs_the_agent_with_its_tool_call(tmp_path: Path, agent_clas
             assert len(call["response_logprobs"]) == len(call["response_token_ids"])
         # The second turn's prompt holds the first turn and the tool's result.
         assert len(answer_turn["prompt_token_ids"]) > len(tool_turn["prompt_token_ids"])
-    assert _processes_mentioning(str(data_dir)) == [], "the demo left processes running"
+    assert processes_mentioning(str(data_dir)) == [], "the demo left processes running"
 
 
 @pytest.mark.parametrize(("agent_class", "api"), AGENTS)
