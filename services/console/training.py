@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services._gen.agl.v1 import event_pb2, run_pb2
+from services.cli.render import over_limit  # the trainer's rule, shared with `agl run --health`
 
 ROWS_EVENT = "agl_training_rows"
 HEALTH_PREFIX = "agl/health/"
@@ -125,18 +126,6 @@ def health_limits(config_json: str) -> dict[str, tuple[float | None, float | Non
     return {n: (v.get("warn"), v.get("stop")) for n, v in raw.items() if isinstance(v, dict)}
 
 
-def level(value: float, limit: tuple[float | None, float | None] | None) -> str:
-    """ "stop", "warn" or "": the trainer's rule, a value strictly above the limit."""
-    if limit is None:
-        return ""
-    warn, stop = limit
-    if stop is not None and value > stop:
-        return "stop"
-    if warn is not None and value > warn:
-        return "warn"
-    return ""
-
-
 def health_table(steps: Sequence[run_pb2.RunStep], config_json: str) -> dict[str, Any]:
     """The last steps' health metrics, each cell with its level; the steps with a value over a limit."""
     steps = [s for s in steps if any(n.startswith(HEALTH_PREFIX) for n in s.metrics)][-MAX_HEALTH_STEPS:]
@@ -151,7 +140,7 @@ def health_table(steps: Sequence[run_pb2.RunStep], config_json: str) -> dict[str
         cells = []
         for step in steps:
             value = step.metrics.get(name)
-            mark = level(value, limit) if value is not None else ""
+            mark = over_limit(value, limit) if value is not None else ""
             if mark == "stop" or (mark == "warn" and step.step not in flagged):
                 flagged[step.step] = mark
             cells.append({"step": step.step, "value": value, "level": mark})
