@@ -47,5 +47,5 @@ def test_summary_counts_the_steps_that_trained(tmp_path: Path) -> None:
 
 def test_a_step_with_health_warnings_says_so() -> None:
     line = report.step_line(_step(2, **{"agl/reward/mean": 0.5, "agl/health/warnings": 2.0}), 4)
-    assert "health warnings 2 (the trainer log; agl run ID --health)" in line
+    assert "health warnings 2 (in the trainer log)" in line
     assert "health warnings" not in report.step_line(_step(2, **{"agl/reward/mean": 0.5}), 4)

@@ -71,7 +71,7 @@ def step_line(
             line += f" (tool-call rate {num('val/agl/tools/call_rate')})"
     warnings = data.get("agl/health/warnings")
     if warnings:
-        line += f"  health warnings {int(warnings)} (the trainer log; agl run ID --health)"
+        line += f"  health warnings {int(warnings)} (in the trainer log)"
     if elapsed_s is not None:
         line += "  " + progress_bar(step, total, elapsed_s)
     if multi_turn:

@@ -495,11 +495,12 @@ def train(plan: TrainPlan, out: TextIO = sys.stdout, *, base_model: Path | None 
         f"serve it: agl-engine --model-dir {model_dir}; score it: agl eval --model {model_dir} ...)\n"
     )
     if figures["trained_steps"] == 0:
-        out.write(
-            "agl train: no step had a learning signal (every group's rewards were equal), the model did not change; "
-            "check the rewards in the trajectories (--allow-no-learning exits 0 anyway)\n"
-        )
-        return 0 if plan.allow_no_learning else FAILURE
+        what = "no step had a learning signal (every group's rewards were equal), the model did not change"
+        if plan.allow_no_learning:
+            out.write(f"note: {what}\n")
+            return 0
+        out.write(f"agl train: {what}; check the rewards in the trajectories (--allow-no-learning exits 0 anyway)\n")
+        return FAILURE
     return 0
 
 
