@@ -94,6 +94,21 @@ def validate(body: dict[str, Any], api: str) -> None:
             raise ProxyError("invalid_request", "`logprobs` must be a non-negative integer for completions.")
 
 
+# Train calls sample from the model's whole distribution at the forced temperature: that is the policy the trainer
+# recomputes log-probs of (the PPO ratio's old policy). An agent's top_p/top_k/min_p, penalties or logit bias would
+# reshape what the engine samples from, and the run would train off-policy without a sign; the model's own
+# generation_config defaults (vLLM applies them to what a request leaves unset) would too, so the neutral values are
+# sent, not just the agent's removed. Validation keeps the agent's settings (nothing is trained on it).
+TRAIN_SAMPLING = {
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+}
+
+
 def rewrite(body: dict[str, Any], api: str, mode: str, settings: RewriteSettings) -> dict[str, Any]:
     """The body to send upstream (a new dict; `body` is left as it is)."""
     out = dict(body)
@@ -104,6 +119,9 @@ def rewrite(body: dict[str, Any], api: str, mode: str, settings: RewriteSettings
     # Token ids in both modes, as v1.0's gateway forces them (its agents may decode `choices[].token_ids`, e.g. the
     # gsm8k example's CompletionAgent, also in validation); log-probs only for training.
     out["return_token_ids"] = True
+    if mode == "train":
+        out.update(TRAIN_SAMPLING)
+        out.pop("logit_bias", None)
     if mode == "train" and settings.logprobs:
         if api == CHAT:
             out["logprobs"] = True

@@ -52,7 +52,8 @@ async def test_chat_sync_sdk_captures_exactly_what_the_engine_returned(proxy: Ht
     sent = last_engine_body(engine)
     assert sent["model"] == MODEL and sent["temperature"] == 1.0  # the proxy's train temperature
     assert sent["return_token_ids"] is True and sent["logprobs"] is True
-    assert sent["seed"] == 11 and sent["max_tokens"] == 50 and sent["top_k"] == 5
+    assert sent["seed"] == 11 and sent["max_tokens"] == 50
+    assert sent["top_k"] == 0  # the agent's top_k would make the train sample off-policy: the whole distribution
 
     (recorded,) = await calls_of(client, rollout_id)
     assert list(recorded.prompt_token_ids) == completion.model_extra["prompt_token_ids"]

@@ -51,6 +51,28 @@ def test_val_mode_sets_model_temperature_and_token_ids_only() -> None:
     assert out == {**expected, "return_token_ids": True}
 
 
+def test_train_mode_samples_the_whole_distribution_whatever_the_agent_asks() -> None:
+    """The trainer recomputes full-distribution log-probs: an agent's truncation or penalties would make the
+    sampled tokens off-policy, so train calls get the neutral values (validation keeps the agent's)."""
+    shaped = {"top_p": 0.8, "top_k": 20, "min_p": 0.1, "presence_penalty": 1.5, "frequency_penalty": 0.5}
+    body = {"messages": [{"role": "user", "content": "hi"}], **shaped, "repetition_penalty": 1.2}
+    body["logit_bias"] = {"5": 9}
+    out = rewrite(body, CHAT, "train", SETTINGS)
+    assert {key: out[key] for key in (*shaped, "repetition_penalty")} == {
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1.0,
+    }
+    assert "logit_bias" not in out
+    plain = rewrite({"prompt": "p"}, COMPLETIONS, "train", SETTINGS)
+    assert plain["top_p"] == 1.0 and plain["top_k"] == 0
+    val = rewrite(body, CHAT, "val", SETTINGS)
+    assert val["top_k"] == 20 and val["logit_bias"] == {"5": 9}
+
+
 def test_completions_logprobs_is_an_integer_and_keeps_a_larger_request() -> None:
     assert rewrite({"prompt": "p"}, COMPLETIONS, "train", SETTINGS)["logprobs"] == 1
     assert rewrite({"prompt": "p", "logprobs": 5}, COMPLETIONS, "train", SETTINGS)["logprobs"] == 5

@@ -102,7 +102,8 @@ async def test_developer_turns_forced_tools_and_json_schema_are_translated(proxy
         "type": "json_schema",
         "json_schema": {"name": "result", "schema": schema, "strict": True},
     }
-    assert sent["top_p"] == 0.9 and sent["temperature"] == 1.0  # the proxy's train temperature wins
+    # The proxy's train temperature and the whole distribution win over the agent's (train calls stay on-policy).
+    assert sent["top_p"] == 1.0 and sent["temperature"] == 1.0
     assert cut.status == "incomplete" and cut.incomplete_details is not None
     assert cut.incomplete_details.reason == "max_output_tokens"
 
