@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from services._gen.agl.v1 import rollout_pb2
@@ -104,18 +104,11 @@ async def run_rollouts(
     labels: Mapping[str, str],
     deadline_s: float,
     on_record: Callable[[dict[str, Any]], None] | None = None,
-    waiting: Callable[[], Awaitable[None]] | None = None,
 ) -> list[dict[str, Any]]:
     """Creates the specs (every one carries `labels`) and returns their records in spec order once all ended;
-    asyncio.TimeoutError after deadline_s. `waiting`, when given, runs beside the wait (a progress display)."""
+    asyncio.TimeoutError after deadline_s."""
     await client.create_rollouts(list(specs))
-    side = asyncio.create_task(waiting()) if waiting is not None else None
-    try:
-        records = await asyncio.wait_for(consume_terminal(client, labels, len(specs), on_record), deadline_s)
-    finally:
-        if side is not None:
-            side.cancel()
-            await asyncio.gather(side, return_exceptions=True)
+    records = await asyncio.wait_for(consume_terminal(client, labels, len(specs), on_record), deadline_s)
     await attach_proxy_warnings(client, records)
     order = {spec.rollout_id: index for index, spec in enumerate(specs)}
     return sorted(records, key=lambda record: order.get(record["rollout_id"], len(order)))

@@ -71,6 +71,7 @@ class TrainPlan:
     extra_overrides: list[str] = field(default_factory=list)
     val_label: str = "held-out reward"
     multi_turn: bool = False
+    checks_s: float = 0.0  # how long the checks took
 
 
 KNOWN = (
@@ -159,8 +160,8 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         resume=bool(args.resume),
         allow_no_learning=bool(args.allow_no_learning),
         overrides=overrides,
+        checks_s=time.monotonic() - started,
     )
-    plan.checks_s = time.monotonic() - started  # type: ignore[attr-defined]
     return plan
 
 
@@ -559,5 +560,5 @@ def _train_in(
 def run_train_command(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
     multi = "s" if len(plan.tasks) != 1 else ""
-    print(f"checks passed in {plan.checks_s:.1f}s: {len(plan.tasks)} task{multi}, output {plan.output}")  # type: ignore[attr-defined]
+    print(f"checks passed in {plan.checks_s:.1f}s: {len(plan.tasks)} task{multi}, output {plan.output}")
     return train(plan)
