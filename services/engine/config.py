@@ -30,6 +30,9 @@ class EngineConfig:
     # vLLM's --tool-call-parser (with --enable-auto-tool-choice): "hermes" reads the tiny model's
     # <tool_call>{...}</tool_call> calls; "" serves no tools (a request with `tools` is then refused by vLLM).
     tool_call_parser: str = "hermes"
+    # vLLM's render / generate / derender endpoints (--enable-scale-out): the proxy continues a rollout's turns
+    # in the tokens the model sampled through them (services/proxy/token_continuation.py).
+    token_endpoints: bool = True
     extra_args: tuple[str, ...] = ()
 
 
@@ -81,6 +84,13 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         default=env.get("AGL_ENGINE_TOOL_CALL_PARSER", d.tool_call_parser),
         help="vLLM tool-call parser for requests with `tools` (hermes: the tiny model's format; none: no tools)",
     )
+    p.add_argument(
+        "--token-endpoints",
+        action=argparse.BooleanOptionalAction,
+        default=_bool(env.get("AGL_ENGINE_TOKEN_ENDPOINTS", str(d.token_endpoints))),
+        help="serve vLLM's render/generate/derender endpoints (--enable-scale-out), which the proxy's token "
+        "continuation uses",
+    )
     p.add_argument("vllm_args", nargs="*", help="passed to vLLM (after `--`)")
     args = p.parse_args(argv)
     extra = tuple(shlex.split(env.get("AGL_ENGINE_EXTRA_ARGS", ""))) + tuple(args.vllm_args)
@@ -102,5 +112,6 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         api_key=args.api_key,
         log_level=args.log_level,
         tool_call_parser="" if args.tool_call_parser.strip().lower() in ("", "none") else args.tool_call_parser.strip(),
+        token_endpoints=args.token_endpoints,
         extra_args=extra,
     )

@@ -70,6 +70,8 @@ def vllm_argv(config: EngineConfig, model_dir: Path, python: str) -> tuple[str, 
         argv.append("--enforce-eager")
     if config.tool_call_parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser]
+    if config.token_endpoints and "--enable-scale-out" not in config.extra_args:
+        argv.append("--enable-scale-out")
     return (*argv, *config.extra_args)
 
 

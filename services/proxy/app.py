@@ -30,6 +30,7 @@ from .background import stop_tasks
 from .calls import ModelCalls, Reply, StreamSession
 from .client_limits import limits_for
 from .config import ProxyConfig, parse_config
+from .continuation import TokenHistory
 from .coordination import Coordinator
 from .errors import ProxyError
 from .event_checks import check_agent_event
@@ -41,6 +42,7 @@ from .rest_routes import RestFacade
 from .retry import RetryPolicy
 from .rewrite import CHAT, COMPLETIONS, MODES, RewriteSettings, parse_body
 from .routing import RoutingTable
+from .token_continuation import TokenContinuation
 from .translation import Dialect
 from .upstream import Upstream
 
@@ -116,7 +118,16 @@ class Proxy:
             api_key=config.engine_api_key,
         )
         settings = RewriteSettings(config.model_name, config.train_temperature, config.val_temperature, config.logprobs)
-        self.calls = ModelCalls(settings, self.gateway, self.coordinator, self.routing, self.upstream, self.metrics)
+        continuation = (
+            TokenContinuation(
+                self.upstream.client, TokenHistory(config.token_continuation_rollouts), self.metrics.token_continuations
+            )
+            if config.token_continuation
+            else None
+        )
+        self.calls = ModelCalls(
+            settings, self.gateway, self.coordinator, self.routing, self.upstream, self.metrics, continuation
+        )
         self._models_seen = asyncio.Event()
         self.refusals_noted: dict[tuple[str, str], None] = {}  # attempts whose first refused event is stored
         self._tasks: list[asyncio.Task[None]] = []

@@ -29,6 +29,7 @@ from .recording import ERROR, INCOMPLETE, OK, CallRecord, model_request_event
 from .rewrite import CHAT, RewriteSettings, dumps, loads_lenient, parse_body, rewrite, validate
 from .routing import Endpoint, RoutingTable
 from .sse import DONE, SSESplitter
+from .token_continuation import Continued, TokenContinuation, stream_chunks
 from .tool_calls import missing_parser_message, offered_tool_names, tool_call_stats
 from .translation import Dialect, StreamTranslator
 from .upstream import Upstream, close_response
@@ -56,6 +57,12 @@ class _Call:
     stream: bool
     # Names of the tools the request offered (None: none), for the event's tool-call counts.
     offered_tools: frozenset[str] | None = None
+    # A train chat call: its tokens are remembered, so that the rollout's next turn can continue them.
+    continued: bool = False
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.rollout_id, self.attempt_id)
 
 
 class ModelCalls:
@@ -67,8 +74,10 @@ class ModelCalls:
         routing: RoutingTable,
         upstream: Upstream,
         metrics: ProxyMetrics,
+        continuation: TokenContinuation | None = None,
     ) -> None:
         self.settings = settings
+        self.continuation = continuation
         self.gateway = gateway
         self.coordinator = coordinator
         self.routing = routing
@@ -106,7 +115,14 @@ class ModelCalls:
             call = _Call(
                 rollout_id, attempt_id, api, request_bytes.decode(), time.perf_counter(), stream,
                 offered_tool_names(upstream_body),
+                continued=self.continuation is not None and mode == "train" and engine_api == CHAT
+                and upstream_body.get("n") in (None, 1),
             )  # fmt: skip
+            if call.continued:
+                assert self.continuation is not None
+                spliced = await self.continuation.answer(call.key, endpoints[0], upstream_body)
+                if spliced is not None:
+                    return await self._spliced_reply(call, endpoints[0], spliced, upstream_body, dialect, agent_body)
             result = await self.upstream.call(
                 endpoints, API_PATHS[engine_api], request_bytes, stream=stream, rollout_id=rollout_id
             )
@@ -138,6 +154,8 @@ class ModelCalls:
                 status,
                 capture,
             )
+            if status == OK:
+                self.remember(call, capture)
             hint = missing_parser_message(response.status_code, content) if call.offered_tools is not None else None
             if hint is not None:
                 raise ProxyError("engine_has_no_tool_parser", hint)
@@ -148,6 +166,39 @@ class ModelCalls:
         finally:
             if not handed_over:
                 self.coordinator.leave()
+
+    def remember(self, call: _Call, capture: Capture, prompt_hidden: tuple[int, ...] = ()) -> None:
+        if call.continued and self.continuation is not None:
+            self.continuation.remember(call.key, capture, prompt_hidden)
+
+    async def _spliced_reply(
+        self,
+        call: _Call,
+        endpoint: Endpoint,
+        continued: Continued,
+        upstream_body: dict,
+        dialect: Dialect | None,
+        agent_body: dict,
+    ) -> Reply:
+        """The answer to a call the engine generated from a spliced prompt: recorded, then sent (as a stream of
+        its chunks when the agent asked for one)."""
+        response = continued.response
+        content = orjson.dumps(response)
+        capture = capture_response(response, CHAT)
+        await self.record(call, endpoint, 0, 200, content.decode(), OK, capture)
+        self.remember(call, capture, continued.hidden)
+        if not call.stream:
+            if dialect is not None:
+                return _translated_reply(dialect, agent_body, 200, content, OK)
+            return Reply(200, content)
+        options = upstream_body.get("stream_options") or {}
+        chunks = stream_chunks(response, bool(options.get("include_usage")))
+        if dialect is None:
+            body = b"".join(b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks) + b"data: [DONE]\n\n"
+        else:
+            translator = dialect.stream(agent_body)
+            body = b"".join(translator.feed(chunk) for chunk in chunks) + translator.finish(response)
+        return Reply(200, body, {"content-type": "text/event-stream"})
 
     async def record(
         self,
@@ -331,6 +382,7 @@ class StreamSession:
     async def _record(self, status: int, body: str | None = None) -> None:
         """Records the call: with the assembled stream as its response, or with `body` when given."""
         response_json = orjson.dumps(self.assembler.response()).decode() if body is None else body
+        capture = self.assembler.capture()
         await self._calls.record(
             self._call,
             self._endpoint,
@@ -338,5 +390,7 @@ class StreamSession:
             self._response.status_code,
             response_json,
             status,
-            self.assembler.capture(),
+            capture,
         )
+        if status == OK:
+            self._calls.remember(self._call, capture)

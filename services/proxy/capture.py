@@ -27,6 +27,8 @@ class Capture:
     # The first choice's text and the tool calls the engine parsed from it (chat api; text only for completions).
     content: str | None = None
     tool_calls: list[Any] = field(default_factory=list)
+    # The token id that stopped the first choice, when a stop token did (vLLM's stop_reason; None for EOS).
+    stop_reason: int | None = None
 
 
 # The checks below run over every token of every call, so they look at the set of element types (built in C)
@@ -85,6 +87,8 @@ def capture_response(body: dict[str, Any], api: str) -> Capture:
     choice = _first_choice(body)
     capture = Capture(model=str(body.get("model") or ""), usage=_usage(body.get("usage")))
     capture.finish_reason = str(choice.get("finish_reason") or "")
+    stop_reason = choice.get("stop_reason")
+    capture.stop_reason = stop_reason if type(stop_reason) is int else None
     capture.response_token_ids = _ints(choice.get("token_ids"))
     if api == CHAT:
         capture.prompt_token_ids = _ints(body.get("prompt_token_ids"))

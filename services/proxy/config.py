@@ -37,6 +37,9 @@ class ProxyConfig:
     replica_id: str = ""
     workers: int = 1
     log_level: str = "info"
+    # Train calls continuing a rollout's turn are sent as the sampled tokens + the new context (token_continuation).
+    token_continuation: bool = True
+    token_continuation_rollouts: int = 4096  # rollout attempts whose last turns are kept (4 bytes a token)
 
 
 def _optional_float(value: str) -> float | None:
@@ -154,6 +157,19 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     p.add_argument("--replica-id", default=env.get("AGL_PROXY_REPLICA_ID", ""), help="default: host-pid-random")
     p.add_argument("--workers", type=int, default=int(env.get("AGL_PROXY_WORKERS", d.workers)))
     p.add_argument("--log-level", default=env.get("AGL_LOG_LEVEL", d.log_level))
+    p.add_argument(
+        "--token-continuation",
+        action=argparse.BooleanOptionalAction,
+        default=_bool(env.get("AGL_PROXY_TOKEN_CONTINUATION", "true")),
+        help="continue a rollout's earlier turn in the tokens the model sampled, where its history re-renders to "
+        "the same text (needs engines with vLLM's render/generate endpoints: agl-engine starts them)",
+    )
+    p.add_argument(
+        "--token-continuation-rollouts",
+        type=int,
+        default=int(env.get("AGL_PROXY_TOKEN_CONTINUATION_ROLLOUTS", d.token_continuation_rollouts)),
+        help="rollout attempts whose last turns' tokens are kept for token continuation",
+    )
     args = p.parse_args(argv)
     if not args.model_name:
         p.error("--model-name (or AGL_MODEL_NAME) is required")
@@ -161,6 +177,8 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         p.error("--retry-attempts must be at least 1")
     if args.max_client_connections < 1:
         p.error("--max-client-connections must be at least 1")
+    if args.token_continuation_rollouts < 1:
+        p.error("--token-continuation-rollouts must be at least 1 (turn it off with --no-token-continuation)")
     if min(args.header_timeout_s, args.body_timeout_s, args.keep_alive_s) <= 0:
         p.error("--header-timeout, --body-timeout and --keep-alive must be positive")
     return ProxyConfig(**vars(args))

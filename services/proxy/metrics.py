@@ -62,6 +62,14 @@ class ProxyMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
             registry=self.registry,
         )
+        self.token_continuations = Counter(
+            "agl_proxy_token_continuations",
+            "Train calls continuing a turn of their rollout, by outcome: appended (the prompt already continued "
+            "it), spliced (sent as the sampled tokens + new context), diverged (the history's text changed), "
+            "unsupported (the engine has no render/generate endpoints), failed (an engine error; sent as usual).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.in_flight = Gauge("agl_proxy_in_flight", "Model calls in flight on this replica.", registry=self.registry)
         self.paused = Gauge("agl_proxy_paused", "1 while the proxy is paused.", registry=self.registry)
         self.endpoints = Gauge("agl_proxy_endpoints", "Endpoints known for the model.", registry=self.registry)

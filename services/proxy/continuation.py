@@ -1,0 +1,150 @@
+"""Token continuation, the pure part: what a rollout's model already saw, and where its next prompt continues it.
+
+A multi-turn agent sends its whole history as text each turn and the engine re-renders and re-tokenizes it. Where
+the model sampled a non-canonical split (`1`,`2` where the tokenizer writes `12`) or ended its turn on a stop token
+the text leaves out (`</tool_call>` after a call that did not parse), the re-rendered prompt no longer starts with
+the tokens the model produced: the trainer's row breaks there, and the next turn is conditioned on other tokens
+than the ones being trained. The proxy remembers each rollout's last few prompt + response token sequences and,
+when the next prompt renders to the same text, sends the engine the sampled tokens followed by the newly rendered
+context instead (`splice`). Histories that really changed (stripped reasoning, an edited or compacted history) do
+not render to the same text and are left as they are: the trainer makes them separate, exact segments.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Outcomes of one continued call (the proxy's agl_proxy_token_continuations counter counts them).
+APPENDED = "appended"  # the rendered prompt already starts with what the model saw: sent as it is
+SPLICED = "spliced"  # sent as the sampled tokens + the new context
+DIVERGED = "diverged"  # the history's text changed: sent as it is (a new segment for the trainer)
+UNSUPPORTED = "unsupported"  # the engine has no render/generate endpoints
+FAILED = "failed"  # an engine call of the splice failed: sent as it is
+OUTCOMES = (APPENDED, SPLICED, DIVERGED, UNSUPPORTED, FAILED)
+
+TURNS_PER_ROLLOUT = 4  # an agent may interleave a few conversations (sub-agents, parallel calls)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One finished call: its prompt + response tokens, and the positions of those among them that no rendering of
+    the history contains: a stop token that ended a turn (its text is left out of the answer the agent got) and that
+    the template did not write back, kept because the model produced it."""
+
+    tokens: array
+    hidden: tuple[int, ...] = ()
+
+    @property
+    def stop_token(self) -> int | None:
+        """The final token, when it is a hidden stop token."""
+        return self.tokens[-1] if self.hidden and self.hidden[-1] == len(self.tokens) - 1 else None
+
+    def visible(self) -> list[int]:
+        """The tokens whose text a rendering of the history contains."""
+        if not self.hidden:
+            return list(self.tokens)
+        hidden = set(self.hidden)
+        return [token for i, token in enumerate(self.tokens) if i not in hidden]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix. Binary search over slice comparisons: C-speed on arrays and lists."""
+    low, high = 0, min(len(a), len(b))
+    if a[:high] == b[:high]:
+        return high
+    while low < high:  # invariant: a[:low] == b[:low], a[:high + 1] != b[:high + 1] when high < min length
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+class TokenHistory:
+    """The last TURNS_PER_ROLLOUT turns of up to `max_rollouts` rollout attempts, least recently used dropped first
+    (a rollout's tokens cost 4 bytes each)."""
+
+    def __init__(self, max_rollouts: int) -> None:
+        self.max_rollouts = max_rollouts
+        self._turns: OrderedDict[tuple[str, str], list[Turn]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+    def has(self, key: tuple[str, str]) -> bool:
+        return key in self._turns
+
+    def remember(self, key: tuple[str, str], prompt_ids: Sequence[int], response_ids: Sequence[int],
+                 stop_token: int | None, prompt_hidden: Sequence[int] = ()) -> None:  # fmt: skip
+        """Keeps a finished call: `stop_token` is the token id that stopped it (None for EOS or no stop token),
+        `prompt_hidden` the hidden positions of a spliced prompt (Splice.hidden)."""
+        if not prompt_ids or not response_ids or self.max_rollouts <= 0:
+            return
+        tokens = array("l", prompt_ids)
+        tokens.extend(response_ids)
+        hidden = tuple(prompt_hidden) + ((len(tokens) - 1,) if stop_token == response_ids[-1] else ())
+        turns = self._turns.pop(key, None) or []
+        # A turn that this one continues is covered by it.
+        turns = [t for t in turns if not (len(t.tokens) <= len(tokens) and tokens[: len(t.tokens)] == t.tokens)]
+        turns.append(Turn(tokens, hidden))
+        self._turns[key] = turns[-TURNS_PER_ROLLOUT:]
+        while len(self._turns) > self.max_rollouts:
+            self._turns.popitem(last=False)
+
+    def closest(self, key: tuple[str, str], rendered: Sequence[int]) -> tuple[Turn, int] | None:
+        """The remembered turn sharing the longest token prefix with `rendered`, and that prefix's length."""
+        turns = self._turns.get(key)
+        if not turns:
+            return None
+        self._turns.move_to_end(key)
+        tokens = array("l", rendered)  # an array compares equal to an array only, never to a list
+        return max(((turn, common_prefix(turn.tokens, tokens)) for turn in turns), key=lambda pair: pair[1])
+
+
+def boundary(offsets: Sequence[Sequence[int]], start: int, length: int) -> int | None:
+    """The token index k (>= start) at which the first k tokens cover exactly `length` characters of the rendered
+    text, per the renderer's (start, end) character offsets; None when no token ends there."""
+    for index in range(start, len(offsets)):
+        end = offsets[index][1]
+        if end == length:
+            return index + 1
+        if end > length:
+            return None
+    return None
+
+
+@dataclass(frozen=True)
+class Splice:
+    """A continued prompt: `prompt_ids` goes to the engine; `hidden` are the positions in it of tokens no rendering
+    contains (see Turn); the others must decode to exactly the rendered text, which is checked before it is sent."""
+
+    prompt_ids: list[int]
+    hidden: tuple[int, ...]
+
+    def text_ids(self) -> list[int]:
+        return Turn(array("l", self.prompt_ids), self.hidden).visible()
+
+
+def splice(turn: Turn, rendered: Sequence[int], rendered_text: str, offsets: Sequence[Sequence[int]],
+           turn_text: str, shared: int) -> Splice | None:  # fmt: skip
+    """The prompt to send: the turn's tokens, then the rendered tokens after the text they stand for.
+
+    `turn_text` is the text of the turn's visible tokens (Turn.visible); `shared` is the tokens' common prefix with
+    `rendered`. None when the rendered text does not start with that text at a token boundary: the history changed.
+    """
+    if not rendered_text.startswith(turn_text) or len(offsets) != len(rendered):
+        return None
+    cut = boundary(offsets, max(shared - 1, 0), len(turn_text))
+    if cut is None:
+        return None
+    tail = list(rendered[cut:])
+    tokens = list(turn.tokens)
+    hidden = turn.hidden
+    stop = turn.stop_token
+    if stop is not None and tail[:1] == [stop]:  # the template closed the turn with the same stop token
+        tail, hidden = tail[1:], hidden[:-1]
+    return Splice([*tokens, *tail], hidden)

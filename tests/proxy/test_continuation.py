@@ -1,0 +1,123 @@
+"""Token continuation's pure core, on hand-made token sequences: a toy vocabulary whose pieces are strings, so a
+rendering's text and character offsets are computed here exactly as the engine's renderer reports them."""
+
+from __future__ import annotations
+
+from array import array
+
+from services.proxy.continuation import Splice, TokenHistory, Turn, boundary, common_prefix, splice
+
+# Token id -> text. 1..3 are special tokens; 12 is the canonical token for "12", which the model may also sample as
+# "1" "2"; 9 is a stop token ("</call>") that an answer's text leaves out.
+VOCAB = {1: "<s>", 2: "<end>", 9: "</call>", 10: "1", 11: "2", 12: "12", 20: "u:", 21: "a:", 22: "hi", 23: "ok"}
+KEY = ("rollout-1", "0")
+
+
+def text(tokens: list[int]) -> str:
+    return "".join(VOCAB[t] for t in tokens)
+
+
+def offsets(tokens: list[int]) -> list[tuple[int, int]]:
+    spans, at = [], 0
+    for token in tokens:
+        spans.append((at, at + len(VOCAB[token])))
+        at += len(VOCAB[token])
+    return spans
+
+
+def continued(turn: Turn, rendered: list[int]) -> Splice | None:
+    shared = common_prefix(turn.tokens, array("l", rendered))
+    return splice(turn, rendered, text(rendered), offsets(rendered), text(turn.visible()), shared)
+
+
+def test_common_prefix_of_arrays_and_lists() -> None:
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([], [1]) == 0
+    assert common_prefix([5], [1]) == 0
+    assert common_prefix(array("l", range(1000)), array("l", [*range(777), -1])) == 777
+
+
+def test_a_sampled_split_is_kept_and_the_new_context_follows() -> None:
+    prompt = [1, 20, 22, 2, 21]
+    turn = Turn(array("l", [*prompt, 10, 11, 2]))  # the model wrote "1" "2" then <end> (EOS: its text is kept)
+    rendered = [*prompt, 12, 2, 20, 23, 2, 21]  # the re-rendered history writes "12"
+    result = continued(turn, rendered)
+    assert result == Splice([*prompt, 10, 11, 2, 20, 23, 2, 21], ())
+    assert text(result.text_ids()) == text(rendered)
+
+
+def test_a_stop_token_left_out_of_the_text_stays_and_is_hidden() -> None:
+    prompt = [1, 20, 22, 2, 21]
+    turn = Turn(array("l", [*prompt, 23, 9]), hidden=(len(prompt) + 1,))  # "ok" then the stop token </call>
+    rendered = [*prompt, 23, 2, 20, 22, 2, 21]  # the template closes the turn with <end>, no </call>
+    result = continued(turn, rendered)
+    assert result is not None
+    assert result.prompt_ids == [*prompt, 23, 9, 2, 20, 22, 2, 21]
+    assert result.hidden == (len(prompt) + 1,)
+    assert result.text_ids() == rendered
+
+
+def test_a_stop_token_the_template_writes_back_is_not_doubled() -> None:
+    prompt = [1, 20, 22, 2, 21]
+    turn = Turn(array("l", [*prompt, 10, 11, 9]), hidden=(len(prompt) + 2,))
+    rendered = [*prompt, 12, 9, 2, 20, 23, 2, 21]  # a parsed call: the template writes </call> itself
+    result = continued(turn, rendered)
+    assert result == Splice([*prompt, 10, 11, 9, 2, 20, 23, 2, 21], ())
+
+
+def test_a_history_whose_text_changed_is_not_spliced() -> None:
+    prompt = [1, 20, 22, 2, 21]
+    turn = Turn(array("l", [*prompt, 10, 11, 2]))
+    assert continued(turn, [*prompt, 23, 2, 20, 22, 2, 21]) is None  # the agent rewrote its answer
+    assert continued(turn, [1, 20, 23, 2, 21, 12, 2]) is None  # an earlier turn changed
+    assert continued(turn, [*prompt, 10]) is None  # the history stops inside the answer
+
+
+def test_a_chained_splice_keeps_earlier_hidden_tokens_hidden() -> None:
+    history = TokenHistory(max_rollouts=8)
+    prompt = [1, 20, 22, 2, 21]
+    first = Turn(array("l", [*prompt, 23, 9]), hidden=(6,))
+    rendered = [*prompt, 23, 2, 20, 22, 2, 21]
+    second = continued(first, rendered)
+    assert second is not None and second.hidden == (6,)
+    history.remember(KEY, second.prompt_ids, [10, 11, 2], stop_token=None, prompt_hidden=second.hidden)
+    later = [*rendered, 12, 2, 20, 23, 2, 21]  # the whole history re-rendered: no </call>, "12" canonical
+    found = history.closest(KEY, later)
+    assert found is not None
+    turn, shared = found
+    assert turn.hidden == (6,) and shared == 6  # the renderings part where the kept stop token is
+    third = splice(turn, later, text(later), offsets(later), text(turn.visible()), shared)
+    assert third is not None
+    assert third.prompt_ids == [*second.prompt_ids, 10, 11, 2, 20, 23, 2, 21]
+    assert third.text_ids() == [*rendered, 10, 11, 2, 20, 23, 2, 21]
+    assert text(third.text_ids()) == text(later)
+
+
+def test_boundary_needs_a_token_ending_exactly_there() -> None:
+    spans = offsets([1, 12, 2])  # "<s>" "12" "<end>"
+    assert boundary(spans, 0, 3) == 1
+    assert boundary(spans, 0, 5) == 2
+    assert boundary(spans, 0, 4) is None  # inside "12"
+    assert boundary(spans, 2, 5) is None  # scanning starts past it
+
+
+def test_history_keeps_the_last_turns_of_the_most_recent_rollouts() -> None:
+    history = TokenHistory(max_rollouts=2)
+    history.remember(("a", "0"), [1, 2], [3], stop_token=None)
+    history.remember(("a", "0"), [1, 2, 3, 4], [5], stop_token=5)  # continues the first: replaces it
+    (turn,) = history._turns[("a", "0")]
+    assert list(turn.tokens) == [1, 2, 3, 4, 5] and turn.hidden == (4,) and turn.stop_token == 5
+    history.remember(("a", "0"), [1, 7], [8], stop_token=3)  # another conversation; 3 is not what stopped it
+    assert [t.hidden for t in history._turns[("a", "0")]] == [(4,), ()]
+    assert history.closest(("a", "0"), [1, 7, 8, 9])[1] == 3  # the turn sharing the most tokens
+    history.remember(("b", "0"), [1], [2], stop_token=None)
+    history.closest(("a", "0"), [1])  # a is used again: b is now the least recently used
+    history.remember(("c", "0"), [1], [2], stop_token=None)
+    assert history.has(("a", "0")) and history.has(("c", "0")) and not history.has(("b", "0"))
+    assert len(history) == 2
+    history.remember(("d", "0"), [], [2], stop_token=None)  # nothing to continue
+    assert not history.has(("d", "0"))
+    for n in range(10):
+        history.remember(("a", "0"), [1, 100 + n], [2], stop_token=None)
+    assert len(history._turns[("a", "0")]) == 4
