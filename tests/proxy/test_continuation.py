@@ -1,11 +1,17 @@
-"""Token continuation's pure core, on hand-made token sequences: a toy vocabulary whose pieces are strings, so a
-rendering's text and character offsets are computed here exactly as the engine's renderer reports them."""
+"""Token continuation's pure core on hand-made token sequences (a toy vocabulary whose pieces are strings, so a
+rendering's text and character offsets are computed here exactly as the engine's renderer reports them), and the
+stream an agent gets when it asked to stream a call answered from a spliced prompt."""
 
 from __future__ import annotations
 
+import json
 from array import array
 
+from services.proxy import anthropic_messages, openai_responses
+from services.proxy.capture import StreamAssembler, capture_response
 from services.proxy.continuation import Splice, TokenHistory, Turn, boundary, common_prefix, splice
+from services.proxy.rewrite import CHAT
+from services.proxy.token_continuation import stream_chunks
 
 # Token id -> text. 1..3 are special tokens; 12 is the canonical token for "12", which the model may also sample as
 # "1" "2"; 9 is a stop token ("</call>") that an answer's text leaves out.
@@ -121,3 +127,79 @@ def test_history_keeps_the_last_turns_of_the_most_recent_rollouts() -> None:
     for n in range(10):
         history.remember(("a", "0"), [1, 100 + n], [2], stop_token=None)
     assert len(history._turns[("a", "0")]) == 4
+
+
+# A chat answer as derender gives it for a spliced prompt: text and a tool call, token ids and log-probs.
+SPLICED_ANSWER = {
+    "id": "generate-tokens-chatcmpl-1",
+    "object": "chat.completion",
+    "created": 1,
+    "model": "agl-policy",
+    "prompt_token_ids": [1, 2, 3],
+    "choices": [
+        {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": "Let me compute.",
+                "tool_calls": [
+                    {
+                        "id": "call-1",
+                        "type": "function",
+                        "function": {"name": "calculator", "arguments": '{"expression": "2 * 3"}'},
+                    }
+                ],
+            },
+            "logprobs": {"content": [{"token": "x", "logprob": -0.5}, {"token": "y", "logprob": -0.25}]},
+            "finish_reason": "tool_calls",
+            "stop_reason": 9,
+            "token_ids": [7, 9],
+        }
+    ],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+}
+
+
+def _events(body: bytes) -> list[dict]:
+    return [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: {")]
+
+
+def test_a_spliced_answer_streams_as_the_same_answer() -> None:
+    """An agent that asked to stream a call answered from a spliced prompt gets the chunks of the same answer:
+    assembled again they are the answer, with its token ids and log-probs."""
+    chunks = stream_chunks(SPLICED_ANSWER, include_usage=True)
+    assembler = StreamAssembler(CHAT)
+    for chunk in chunks:
+        assembler.feed(chunk)
+    assert assembler.capture() == capture_response(SPLICED_ANSWER, CHAT)
+    rebuilt = assembler.response()
+    assert rebuilt["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "Let me compute.",
+        "tool_calls": SPLICED_ANSWER["choices"][0]["message"]["tool_calls"],
+    }
+    assert rebuilt["usage"] == SPLICED_ANSWER["usage"]
+    assert stream_chunks(SPLICED_ANSWER, include_usage=False)[-1]["choices"]  # no usage chunk unless asked
+
+
+def test_a_spliced_answer_streams_in_the_anthropic_and_responses_apis() -> None:
+    chunks = stream_chunks(SPLICED_ANSWER, include_usage=True)
+    messages_request = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "2*3?"}],
+                        "stream": True}  # fmt: skip
+    translator = anthropic_messages.DIALECT.stream(messages_request)
+    body = b"".join(translator.feed(chunk) for chunk in chunks) + translator.finish(SPLICED_ANSWER)
+    events = _events(body)
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
+    text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+    assert text == "Let me compute."
+    tools = [e["content_block"] for e in events if e["type"] == "content_block_start"]
+    assert any(block["type"] == "tool_use" and block["name"] == "calculator" for block in tools), tools
+    responses_request = {"model": "m", "input": "2*3?", "stream": True}
+    translator = openai_responses.DIALECT.stream(responses_request)
+    body = b"".join(translator.feed(chunk) for chunk in chunks) + translator.finish(SPLICED_ANSWER)
+    events = _events(body)
+    done = [e for e in events if e["type"] == "response.completed"]
+    assert done, [e["type"] for e in events]
+    output = done[0]["response"]["output"]
+    assert any(item["type"] == "function_call" and item["name"] == "calculator" for item in output), output
