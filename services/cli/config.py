@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from services import settings as st
 
 DEFAULT_LEDGER = "127.0.0.1:50051"
 
@@ -18,21 +19,24 @@ class CliConfig:
     json: bool = False
 
 
-def add_global_flags(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
-    env = os.environ if env is None else env
-    parser.add_argument(
-        "--ledger",
-        default=env.get("AGL_LEDGER_ADDR", DEFAULT_LEDGER),
-        help="ledger gRPC address host:port (env AGL_LEDGER_ADDR)",
-    )
-    parser.add_argument("--key", default=env.get("AGL_KEY") or None, help="the ledger's bearer key (env AGL_KEY)")
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=float(env.get("AGL_CLI_TIMEOUT", "10")),
-        help="seconds one call may take (env AGL_CLI_TIMEOUT)",
-    )
+_D = CliConfig()
+SETTINGS = st.Settings(
+    "agl",
+    "Look at and steer an AGL ledger.",
+    [
+        st.Setting("--ledger", "AGL_LEDGER_ADDR", st.text(nonempty=True), _D.ledger, "ledger gRPC address host:port"),
+        st.Setting("--key", "AGL_KEY", st.text(empty_is_none=True), _D.key, "the ledger's bearer key", secret=True),
+        st.Setting("--timeout", "AGL_CLI_TIMEOUT", st.seconds(), _D.timeout_s, "seconds one call may take",
+                   name="timeout_s"),
+    ],
+)  # fmt: skip
 
 
-def from_args(args: argparse.Namespace) -> CliConfig:
-    return CliConfig(ledger=args.ledger, key=args.key, timeout_s=args.timeout, json=getattr(args, "json", False))
+def add_global_flags(parser: argparse.ArgumentParser) -> None:
+    """The global flags, given before the subcommand; `from_args` resolves them with the environment."""
+    SETTINGS.add_flags(parser)
+
+
+def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> CliConfig:
+    """The settings of a parsed command line; a bad flag or variable exits 2 with one line."""
+    return CliConfig(**SETTINGS.resolve(args, env), json=getattr(args, "json", False))

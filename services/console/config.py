@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from services import settings as st
 
 
 @dataclass(frozen=True)
@@ -23,32 +23,29 @@ class ConsoleConfig:
         return tuple(k for k in (self.key, self.console_key) if k)
 
 
+_D = ConsoleConfig()
+SETTINGS = st.Settings(
+    "agl-console",
+    "AGL web console (reads the ledger over gRPC).",
+    [
+        st.Setting("--host", "AGL_CONSOLE_HOST", st.text(), _D.host, "bind address (localhost unless asked otherwise)"),
+        st.Setting("--port", "AGL_CONSOLE_PORT", st.port(), _D.port),
+        st.Setting("--ledger", "AGL_LEDGER_ADDR", st.text(nonempty=True), _D.ledger, "ledger gRPC address"),
+        st.Setting("--key", "AGL_KEY", st.text(empty_is_none=True), _D.key,
+                   "master key (the ledger's key, also accepted at the login page)", secret=True),
+        st.Setting("--console-key", "AGL_CONSOLE_KEY", st.text(empty_is_none=True), _D.console_key,
+                   "read-only key accepted at the login page", secret=True),
+        st.Setting("--page-size", "AGL_CONSOLE_PAGE_SIZE", st.integer(1, 1000), _D.page_size,
+                   "rows per rollouts page"),
+        st.Setting("--log-level", "AGL_LOG_LEVEL", st.log_level(), _D.log_level),
+    ],
+)  # fmt: skip
+
+
 def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> ConsoleConfig:
-    env = os.environ if env is None else env
-    d = ConsoleConfig()
-    p = argparse.ArgumentParser(prog="agl-console", description="AGL web console (reads the ledger over gRPC).")
-    p.add_argument("--host", default=env.get("AGL_CONSOLE_HOST", d.host), help="bind address (default localhost)")
-    p.add_argument("--port", type=int, default=int(env.get("AGL_CONSOLE_PORT", d.port)))
-    p.add_argument("--ledger", default=env.get("AGL_LEDGER_ADDR", d.ledger), help="ledger gRPC address")
-    p.add_argument("--key", default=env.get("AGL_KEY") or None, help="master key (the ledger's key; env AGL_KEY)")
-    p.add_argument(
-        "--console-key",
-        default=env.get("AGL_CONSOLE_KEY") or None,
-        help="read-only key accepted at the login page (env AGL_CONSOLE_KEY)",
-    )
-    p.add_argument("--page-size", type=int, default=int(env.get("AGL_CONSOLE_PAGE_SIZE", d.page_size)))
-    p.add_argument("--log-level", default=env.get("AGL_LOG_LEVEL", d.log_level))
-    args = p.parse_args(argv)
-    if not args.key and not args.console_key:
-        p.error("the console shows nothing without a login key: set --key/AGL_KEY or --console-key/AGL_CONSOLE_KEY")
-    if not 1 <= args.page_size <= 1000:
-        p.error("--page-size must be 1..1000")
-    return ConsoleConfig(
-        host=args.host,
-        port=args.port,
-        ledger=args.ledger,
-        key=args.key,
-        console_key=args.console_key,
-        page_size=args.page_size,
-        log_level=args.log_level.upper(),
-    )
+    values = SETTINGS.parse(argv, env)
+    if not values["key"] and not values["console_key"]:
+        SETTINGS.fail(
+            "the console shows nothing without a login key: set --key/AGL_KEY or --console-key/AGL_CONSOLE_KEY"
+        )
+    return ConsoleConfig(**{**values, "log_level": values["log_level"].upper()})

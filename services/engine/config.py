@@ -5,11 +5,10 @@ Pure: it neither imports vLLM nor touches the file system, so it runs in either 
 
 from __future__ import annotations
 
-import argparse
-import os
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from services import settings as st
 
 
 @dataclass(frozen=True)
@@ -36,82 +35,51 @@ class EngineConfig:
     extra_args: tuple[str, ...] = ()
 
 
-def _bool(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on")
+def _tool_call_parser(value: str) -> str:
+    return "" if value.strip().lower() in ("", "none") else value.strip()
+
+
+_D = EngineConfig()
+_N = st.integer(1)
+SETTINGS = st.Settings(
+    "agl-engine",
+    "vLLM's CPU build serving one model, with AGL's worker extension (weights reloadable in place). "
+    "Arguments after `--` go to vLLM's api_server unchanged.",
+    [
+        st.Setting("--model-dir", "AGL_ENGINE_MODEL_DIR", st.text(), _D.model_dir, "Hugging Face model directory",
+                   shown="required"),
+        st.Setting("--served-model-name", "AGL_ENGINE_SERVED_MODEL_NAME", st.text(nonempty=True),
+                   _D.served_model_name, "the model name clients (the proxy) send"),
+        st.Setting("--host", "AGL_ENGINE_HOST", st.text(), _D.host),
+        st.Setting("--port", "AGL_ENGINE_PORT", st.port(), _D.port),
+        st.Setting("--max-model-len", "AGL_ENGINE_MAX_MODEL_LEN", _N, _D.max_model_len),
+        st.Setting("--kv-cache-gib", "AGL_ENGINE_KV_CACHE_GIB", _N, _D.kv_cache_gib,
+                   "KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)"),
+        st.Setting("--dtype", "AGL_ENGINE_DTYPE", st.text(nonempty=True), _D.dtype),
+        st.Setting("--enforce-eager", "AGL_ENGINE_ENFORCE_EAGER", st.switch(), _D.enforce_eager,
+                   "skip graph compilation (starts in ~35 s instead of ~105 s on 2 cores)"),
+        st.Setting("--python", "AGL_ENGINE_PYTHON", st.text(), _D.python, "interpreter with vLLM's CPU build",
+                   shown="this one if it has vLLM, else .venv-engine/bin/python"),
+        st.Setting("--api-key", "AGL_ENGINE_API_KEY", st.text(empty_is_none=True), _D.api_key,
+                   "key vLLM requires on /v1", secret=True),
+        st.Setting("--log-level", "AGL_ENGINE_LOG_LEVEL", st.log_level(), _D.log_level),
+        st.Setting("--tool-call-parser", "AGL_ENGINE_TOOL_CALL_PARSER", st.custom("a vLLM tool-call parser name, "
+                   "or none", _tool_call_parser), _D.tool_call_parser,
+                   "vLLM tool-call parser for requests with `tools` (hermes: the tiny model's format; none: no tools)"),
+        st.Setting("--token-endpoints", "AGL_ENGINE_TOKEN_ENDPOINTS", st.switch(), _D.token_endpoints,
+                   "serve vLLM's render/generate/derender endpoints (--enable-scale-out), which the proxy's token "
+                   "continuation uses"),
+        st.Setting(None, "AGL_ENGINE_EXTRA_ARGS", st.shell_words(), (), "more vLLM flags, before those after `--`",
+                   name="extra_args"),
+    ],
+)  # fmt: skip
 
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> EngineConfig:
-    env = os.environ if env is None else env
-    d = EngineConfig()
-    p = argparse.ArgumentParser(
-        prog="agl-engine",
-        description="vLLM's CPU build serving one model, with AGL's worker extension (weights reloadable in place). "
-        "Arguments after `--` go to vLLM's api_server unchanged.",
-    )
-    p.add_argument(
-        "--model-dir", default=env.get("AGL_ENGINE_MODEL_DIR", d.model_dir), help="Hugging Face model directory"
-    )
-    p.add_argument(
-        "--served-model-name",
-        default=env.get("AGL_ENGINE_SERVED_MODEL_NAME", d.served_model_name),
-        help="the model name clients (the proxy) send",
-    )
-    p.add_argument("--host", default=env.get("AGL_ENGINE_HOST", d.host))
-    p.add_argument("--port", type=int, default=int(env.get("AGL_ENGINE_PORT", d.port)))
-    p.add_argument("--max-model-len", type=int, default=int(env.get("AGL_ENGINE_MAX_MODEL_LEN", d.max_model_len)))
-    p.add_argument(
-        "--kv-cache-gib",
-        type=int,
-        default=int(env.get("AGL_ENGINE_KV_CACHE_GIB", d.kv_cache_gib)),
-        help="KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)",
-    )
-    p.add_argument("--dtype", default=env.get("AGL_ENGINE_DTYPE", d.dtype))
-    p.add_argument(
-        "--enforce-eager",
-        action=argparse.BooleanOptionalAction,
-        default=_bool(env.get("AGL_ENGINE_ENFORCE_EAGER", str(d.enforce_eager))),
-        help="skip graph compilation (starts in ~35 s instead of ~105 s on 2 cores)",
-    )
-    p.add_argument(
-        "--python",
-        default=env.get("AGL_ENGINE_PYTHON", d.python),
-        help="interpreter with vLLM's CPU build (default: this one if it has vLLM, else .venv-engine/bin/python)",
-    )
-    p.add_argument("--api-key", default=env.get("AGL_ENGINE_API_KEY") or None, help="key vLLM requires on /v1")
-    p.add_argument("--log-level", default=env.get("AGL_ENGINE_LOG_LEVEL", d.log_level))
-    p.add_argument(
-        "--tool-call-parser",
-        default=env.get("AGL_ENGINE_TOOL_CALL_PARSER", d.tool_call_parser),
-        help="vLLM tool-call parser for requests with `tools` (hermes: the tiny model's format; none: no tools)",
-    )
-    p.add_argument(
-        "--token-endpoints",
-        action=argparse.BooleanOptionalAction,
-        default=_bool(env.get("AGL_ENGINE_TOKEN_ENDPOINTS", str(d.token_endpoints))),
-        help="serve vLLM's render/generate/derender endpoints (--enable-scale-out), which the proxy's token "
-        "continuation uses",
-    )
-    p.add_argument("vllm_args", nargs="*", help="passed to vLLM (after `--`)")
-    args = p.parse_args(argv)
-    extra = tuple(shlex.split(env.get("AGL_ENGINE_EXTRA_ARGS", ""))) + tuple(args.vllm_args)
-    if not args.model_dir:
-        p.error("--model-dir (or AGL_ENGINE_MODEL_DIR) is required: the Hugging Face model directory to serve")
-    for name in ("port", "max_model_len", "kv_cache_gib"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    return EngineConfig(
-        model_dir=args.model_dir,
-        served_model_name=args.served_model_name,
-        host=args.host,
-        port=args.port,
-        max_model_len=args.max_model_len,
-        kv_cache_gib=args.kv_cache_gib,
-        dtype=args.dtype,
-        enforce_eager=args.enforce_eager,
-        python=args.python,
-        api_key=args.api_key,
-        log_level=args.log_level,
-        tool_call_parser="" if args.tool_call_parser.strip().lower() in ("", "none") else args.tool_call_parser.strip(),
-        token_endpoints=args.token_endpoints,
-        extra_args=extra,
-    )
+    parser = SETTINGS.parser()
+    parser.add_argument("vllm_args", nargs="*", help="passed to vLLM (after `--`; AGL_ENGINE_EXTRA_ARGS before them)")
+    args = parser.parse_args(argv)
+    values = SETTINGS.resolve(args, env)
+    if not values["model_dir"]:
+        SETTINGS.fail("--model-dir (or AGL_ENGINE_MODEL_DIR) is required: the Hugging Face model directory to serve")
+    return EngineConfig(**{**values, "extra_args": values["extra_args"] + tuple(args.vllm_args)})

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from services import settings as st
 
 
 @dataclass(frozen=True)
@@ -46,70 +46,64 @@ class LedgerConfig:
         return self.store.removeprefix("sqlite:") if self.store.startswith("sqlite:") else None
 
 
+def _store(value: str) -> str:
+    if value != "memory" and not (value.startswith("sqlite:") and len(value) > len("sqlite:")):
+        raise ValueError
+    return value
+
+
+_D = LedgerConfig()
+_S = st.seconds()
+SETTINGS = st.Settings(
+    "agl-ledger",
+    "AGL ledger: rollouts, events and model endpoints.",
+    [
+        st.Setting("--host", "AGL_LEDGER_HOST", st.text(), _D.host),
+        st.Setting("--port", "AGL_LEDGER_PORT", st.port(), _D.port),
+        st.Setting("--store", "AGL_LEDGER_STORE", st.custom("'memory' or 'sqlite:PATH'", _store), _D.store,
+                   "memory | sqlite:PATH"),
+        st.Setting("--key", "AGL_KEY", st.text(empty_is_none=True), _D.key,
+                   "bearer key every RPC but health must carry", secret=True, shown="none (no auth)"),
+        st.Setting("--metrics-port", "AGL_LEDGER_METRICS_PORT", st.port(zero_is_off=True), _D.metrics_port,
+                   "Prometheus metrics port"),
+        # gRPC's message limits are 32-bit byte counts.
+        st.Setting("--max-message-mb", "AGL_LEDGER_MAX_MESSAGE_MB", st.integer(1, 2047), _D.max_message_mb),
+        st.Setting("--watch-buffer", "AGL_LEDGER_WATCH_BUFFER", st.integer(1), _D.watch_buffer,
+                   "changes a watcher may lag before it is cut off"),
+        st.Setting("--ring-size", "AGL_LEDGER_RING_SIZE", st.integer(1), _D.ring_size,
+                   "changes kept for resuming watchers (more than --watch-buffer)"),
+        st.Setting("--grace-seconds", "AGL_LEDGER_GRACE_SECONDS", st.seconds(zero=True), _D.grace_seconds,
+                   "how long SIGTERM waits for in-flight calls"),
+        st.Setting("--store-stall-seconds", "AGL_LEDGER_STORE_STALL_SECONDS", _S, _D.store_stall_seconds,
+                   "gRPC health says NOT_SERVING while a write has waited this long for the store to commit it"),
+        st.Setting("--log-level", "AGL_LOG_LEVEL", st.log_level(), _D.log_level),
+        st.Setting("--log-format", "AGL_LOG_FORMAT", st.choice("text", "json"), _D.log_format),
+        # Connection limits (see connection_limits.py).
+        st.Setting("--max-connections", "AGL_LEDGER_MAX_CONNECTIONS", st.integer(1), _D.max_connections,
+                   "connections served at once; more are refused at accept"),
+        st.Setting("--handshake-timeout", "AGL_LEDGER_HANDSHAKE_TIMEOUT", _S, _D.handshake_timeout_s,
+                   "seconds a new connection may take to finish the HTTP/2 handshake", name="handshake_timeout_s"),
+        st.Setting("--max-concurrent-streams", "AGL_LEDGER_MAX_CONCURRENT_STREAMS", st.integer(1),
+                   _D.max_concurrent_streams, "calls at once on one connection"),
+        st.Setting("--keepalive", "AGL_LEDGER_KEEPALIVE", _S, _D.keepalive_s,
+                   "seconds between the server's pings of an idle client", name="keepalive_s"),
+        st.Setting("--keepalive-timeout", "AGL_LEDGER_KEEPALIVE_TIMEOUT", _S, _D.keepalive_timeout_s,
+                   "seconds a client may take to answer a ping before it is dropped", name="keepalive_timeout_s"),
+        st.Setting("--min-ping-interval", "AGL_LEDGER_MIN_PING_INTERVAL", _S, _D.min_ping_interval_s,
+                   "shortest interval between a client's pings without calls", name="min_ping_interval_s"),
+        st.Setting("--max-connection-idle", "AGL_LEDGER_MAX_CONNECTION_IDLE", _S, _D.max_connection_idle_s,
+                   "seconds a connection without calls is kept", name="max_connection_idle_s"),
+        st.Setting("--max-connection-age", "AGL_LEDGER_MAX_CONNECTION_AGE", _S, _D.max_connection_age_s,
+                   "seconds after which a connection takes no new calls (GOAWAY)", name="max_connection_age_s"),
+        st.Setting("--max-connection-age-grace", "AGL_LEDGER_MAX_CONNECTION_AGE_GRACE", st.seconds(zero=True),
+                   _D.max_connection_age_grace_s, "seconds calls of an aged connection may go on; 0: to their end",
+                   name="max_connection_age_grace_s"),
+    ],
+)  # fmt: skip
+
+
 def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> LedgerConfig:
-    env = os.environ if env is None else env
-    p = argparse.ArgumentParser(prog="agl-ledger", description="AGL ledger: rollouts, events and model endpoints.")
-    p.add_argument("--host", default=env.get("AGL_LEDGER_HOST", "0.0.0.0"))
-    p.add_argument("--port", type=int, default=int(env.get("AGL_LEDGER_PORT", "50051")))
-    p.add_argument("--store", default=env.get("AGL_LEDGER_STORE", "memory"), help="memory | sqlite:PATH")
-    p.add_argument("--key", default=env.get("AGL_KEY") or None, help="bearer key every RPC but health must carry")
-    p.add_argument("--metrics-port", type=int, default=int(env.get("AGL_LEDGER_METRICS_PORT", "9464")))
-    p.add_argument("--max-message-mb", type=int, default=int(env.get("AGL_LEDGER_MAX_MESSAGE_MB", "64")))
-    p.add_argument("--watch-buffer", type=int, default=int(env.get("AGL_LEDGER_WATCH_BUFFER", "8192")))
-    p.add_argument("--ring-size", type=int, default=int(env.get("AGL_LEDGER_RING_SIZE", "50000")))
-    p.add_argument("--grace-seconds", type=float, default=float(env.get("AGL_LEDGER_GRACE_SECONDS", "10")))
-    p.add_argument(
-        "--store-stall-seconds",
-        type=float,
-        default=float(env.get("AGL_LEDGER_STORE_STALL_SECONDS", "5")),
-        help="gRPC health says NOT_SERVING while a write has waited this long for the store to commit it",
-    )
-    p.add_argument("--log-level", default=env.get("AGL_LOG_LEVEL", "INFO"))
-    p.add_argument("--log-format", choices=("text", "json"), default=env.get("AGL_LOG_FORMAT", "text"))
-    d = LedgerConfig()
-    limits = (
-        ("max_connections", int, "connections served at once; more are refused at accept"),
-        ("handshake_timeout_s", float, "seconds a new connection may take to finish the HTTP/2 handshake"),
-        ("max_concurrent_streams", int, "calls at once on one connection"),
-        ("keepalive_s", float, "seconds between the server's pings of an idle client"),
-        ("keepalive_timeout_s", float, "seconds a client may take to answer a ping before it is dropped"),
-        ("min_ping_interval_s", float, "shortest interval between a client's pings without calls"),
-        ("max_connection_idle_s", float, "seconds a connection without calls is kept"),
-        ("max_connection_age_s", float, "seconds after which a connection takes no new calls (GOAWAY)"),
-        ("max_connection_age_grace_s", float, "seconds calls of an aged connection may go on; 0: to their end"),
-    )
-    for name, kind, text in limits:
-        flag = name.removesuffix("_s").replace("_", "-")
-        env_name = "AGL_LEDGER_" + name.removesuffix("_s").upper()
-        default = kind(env.get(env_name, getattr(d, name)))
-        p.add_argument(f"--{flag}", dest=name, type=kind, default=default, help=f"{text} (env {env_name})")
-    args = p.parse_args(argv)
-    if args.max_connections < 1 or args.max_concurrent_streams < 1:
-        p.error("--max-connections and --max-concurrent-streams must be positive")
-    if min(args.handshake_timeout_s, args.keepalive_s, args.keepalive_timeout_s, args.min_ping_interval_s) <= 0:
-        p.error("--handshake-timeout, --keepalive, --keepalive-timeout and --min-ping-interval must be positive")
-    if min(args.max_connection_idle_s, args.max_connection_age_s) <= 0 or args.max_connection_age_grace_s < 0:
-        p.error("--max-connection-idle and --max-connection-age must be positive, the grace not negative")
-    if args.store != "memory" and not (args.store.startswith("sqlite:") and len(args.store) > len("sqlite:")):
-        p.error(f"--store must be 'memory' or 'sqlite:PATH', not {args.store!r}")
-    if args.max_message_mb <= 0 or args.watch_buffer <= 0 or args.ring_size <= 0:
-        p.error("--max-message-mb, --watch-buffer and --ring-size must be positive")
-    if args.store_stall_seconds <= 0:
-        p.error("--store-stall-seconds must be positive")
-    if args.ring_size <= args.watch_buffer:
-        p.error("--ring-size must exceed --watch-buffer so a cut-off watcher can resume")
-    return LedgerConfig(
-        host=args.host,
-        port=args.port,
-        store=args.store,
-        key=args.key,
-        metrics_port=args.metrics_port,
-        max_message_mb=args.max_message_mb,
-        watch_buffer=args.watch_buffer,
-        ring_size=args.ring_size,
-        grace_seconds=args.grace_seconds,
-        store_stall_seconds=args.store_stall_seconds,
-        log_level=args.log_level.upper(),
-        log_format=args.log_format,
-        **{name: getattr(args, name) for name, _, _ in limits},
-    )
+    values = SETTINGS.parse(argv, env)
+    if values["ring_size"] <= values["watch_buffer"]:
+        SETTINGS.fail("--ring-size must exceed --watch-buffer so a cut-off watcher can resume")
+    return LedgerConfig(**{**values, "log_level": values["log_level"].upper()})

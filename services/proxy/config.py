@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from services import settings as st
 
 
 @dataclass(frozen=True)
@@ -42,143 +42,71 @@ class ProxyConfig:
     token_continuation_rollouts: int = 4096  # rollout attempts whose last turns are kept (4 bytes a token)
 
 
-def _optional_float(value: str) -> float | None:
-    return None if value.strip().lower() in ("", "none", "keep") else float(value)
-
-
-def _bool(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on")
+_D = ProxyConfig()
+_S = st.seconds()
+_N = st.integer(1)
+SETTINGS = st.Settings(
+    "agl-proxy",
+    "OpenAI-compatible, token-capturing proxy.",
+    [
+        st.Setting("--host", "AGL_PROXY_HOST", st.text(), _D.host),
+        st.Setting("--port", "AGL_PROXY_PORT", st.port(), _D.port),
+        st.Setting("--ledger", "AGL_LEDGER_ADDR", st.text(nonempty=True), _D.ledger, "ledger gRPC address"),
+        st.Setting("--model-name", "AGL_MODEL_NAME", st.text(), _D.model_name, "model to serve", shown="required"),
+        st.Setting("--key", "AGL_KEY", st.text(empty_is_none=True), _D.key,
+                   "master key (agents get per-rollout tokens)", secret=True),
+        st.Setting("--engine-api-key", "AGL_ENGINE_API_KEY", st.text(empty_is_none=True), _D.engine_api_key,
+                   "key sent to engines", secret=True),
+        st.Setting("--train-temperature", "AGL_PROXY_TRAIN_TEMPERATURE", st.optional_number(0.0),
+                   _D.train_temperature, "temperature forced in train mode ('keep' leaves the agent's)"),
+        st.Setting("--val-temperature", "AGL_PROXY_VAL_TEMPERATURE", st.optional_number(0.0),
+                   _D.val_temperature, "temperature forced in val mode ('keep' leaves the agent's)"),
+        st.Setting("--logprobs", "AGL_PROXY_LOGPROBS", st.switch(), _D.logprobs, "request log-probs in train mode"),
+        st.Setting("--retry-attempts", "AGL_PROXY_RETRY_ATTEMPTS", _N, _D.retry_attempts),
+        st.Setting("--retry-initial-backoff", "AGL_PROXY_RETRY_INITIAL_BACKOFF", st.seconds(zero=True),
+                   _D.retry_initial_backoff_s, name="retry_initial_backoff_s"),
+        st.Setting("--retry-max-backoff", "AGL_PROXY_RETRY_MAX_BACKOFF", st.seconds(zero=True),
+                   _D.retry_max_backoff_s, name="retry_max_backoff_s"),
+        st.Setting("--connect-timeout", "AGL_PROXY_CONNECT_TIMEOUT", _S, _D.connect_timeout_s,
+                   name="connect_timeout_s"),
+        st.Setting("--read-timeout", "AGL_PROXY_READ_TIMEOUT", _S, _D.read_timeout_s,
+                   "longest wait for the engine's answer (between chunks when streaming)", name="read_timeout_s"),
+        st.Setting("--ledger-timeout", "AGL_PROXY_LEDGER_TIMEOUT", _S, _D.ledger_timeout_s, name="ledger_timeout_s"),
+        st.Setting("--max-body-bytes", "AGL_PROXY_MAX_BODY_BYTES", _N, _D.max_body_bytes),
+        st.Setting("--max-connections", "AGL_PROXY_MAX_CONNECTIONS", _N, _D.max_connections,
+                   "keep-alive connections to the engines"),
+        st.Setting("--max-client-connections", "AGL_PROXY_MAX_CLIENT_CONNECTIONS", _N, _D.max_client_connections,
+                   "agents' connections served at once; above it the longest-waiting idle one is closed, or 503"),
+        st.Setting("--header-timeout", "AGL_PROXY_HEADER_TIMEOUT", _S, _D.header_timeout_s,
+                   "seconds a request's head may take to arrive (408 and close otherwise)", name="header_timeout_s"),
+        st.Setting("--body-timeout", "AGL_PROXY_BODY_TIMEOUT", _S, _D.body_timeout_s,
+                   "seconds a request's body may take to arrive after its head (408 and close otherwise)",
+                   name="body_timeout_s"),
+        st.Setting("--keep-alive", "AGL_PROXY_KEEP_ALIVE", _S, _D.keep_alive_s,
+                   "seconds an idle agent connection is kept open", name="keep_alive_s"),
+        st.Setting("--rollout-cache-ttl", "AGL_PROXY_ROLLOUT_CACHE_TTL", st.seconds(zero=True),
+                   _D.rollout_cache_ttl_s, "seconds a running rollout's entry is cached", name="rollout_cache_ttl_s"),
+        st.Setting("--heartbeat", "AGL_PROXY_HEARTBEAT", _S, _D.heartbeat_s,
+                   "seconds between reports to the ledger", name="heartbeat_s"),
+        st.Setting("--replica-ttl", "AGL_PROXY_REPLICA_TTL", _S, _D.replica_ttl_s,
+                   "seconds a report keeps this replica listed (more than --heartbeat)", name="replica_ttl_s"),
+        st.Setting("--replica-id", "AGL_PROXY_REPLICA_ID", st.text(), _D.replica_id, shown="host-pid-random"),
+        st.Setting("--workers", "AGL_PROXY_WORKERS", _N, _D.workers, "processes (each its own replica)"),
+        st.Setting("--log-level", "AGL_LOG_LEVEL", st.log_level(), _D.log_level),
+        st.Setting("--token-continuation", "AGL_PROXY_TOKEN_CONTINUATION", st.switch(), _D.token_continuation,
+                   "continue a rollout's earlier turn in the tokens the model sampled, where its history re-renders "
+                   "to the same text (needs engines with vLLM's render/generate endpoints: agl-engine starts them)"),
+        st.Setting("--token-continuation-rollouts", "AGL_PROXY_TOKEN_CONTINUATION_ROLLOUTS", _N,
+                   _D.token_continuation_rollouts,
+                   "rollout attempts whose last turns' tokens are kept for token continuation"),
+    ],
+)  # fmt: skip
 
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> ProxyConfig:
-    env = os.environ if env is None else env
-    d = ProxyConfig()
-    p = argparse.ArgumentParser(prog="agl-proxy", description="OpenAI-compatible, token-capturing proxy.")
-    p.add_argument("--host", default=env.get("AGL_PROXY_HOST", d.host))
-    p.add_argument("--port", type=int, default=int(env.get("AGL_PROXY_PORT", d.port)))
-    p.add_argument("--ledger", default=env.get("AGL_LEDGER_ADDR", d.ledger), help="ledger gRPC address")
-    p.add_argument("--model-name", default=env.get("AGL_MODEL_NAME", d.model_name), help="model to serve")
-    p.add_argument("--key", default=env.get("AGL_KEY") or None, help="master key (agents get per-rollout tokens)")
-    p.add_argument("--engine-api-key", default=env.get("AGL_ENGINE_API_KEY") or None, help="key sent to engines")
-    p.add_argument(
-        "--train-temperature",
-        type=_optional_float,
-        default=_optional_float(env.get("AGL_PROXY_TRAIN_TEMPERATURE", str(d.train_temperature))),
-        help="temperature forced in train mode ('keep' leaves the agent's)",
-    )
-    p.add_argument(
-        "--val-temperature",
-        type=_optional_float,
-        default=_optional_float(env.get("AGL_PROXY_VAL_TEMPERATURE", str(d.val_temperature))),
-        help="temperature forced in val mode ('keep' leaves the agent's)",
-    )
-    p.add_argument(
-        "--logprobs",
-        action=argparse.BooleanOptionalAction,
-        default=_bool(env.get("AGL_PROXY_LOGPROBS", "true")),
-        help="request log-probs in train mode",
-    )
-    p.add_argument("--retry-attempts", type=int, default=int(env.get("AGL_PROXY_RETRY_ATTEMPTS", d.retry_attempts)))
-    p.add_argument(
-        "--retry-initial-backoff",
-        dest="retry_initial_backoff_s",
-        type=float,
-        default=float(env.get("AGL_PROXY_RETRY_INITIAL_BACKOFF", d.retry_initial_backoff_s)),
-    )
-    p.add_argument(
-        "--retry-max-backoff",
-        dest="retry_max_backoff_s",
-        type=float,
-        default=float(env.get("AGL_PROXY_RETRY_MAX_BACKOFF", d.retry_max_backoff_s)),
-    )
-    p.add_argument(
-        "--connect-timeout",
-        dest="connect_timeout_s",
-        type=float,
-        default=float(env.get("AGL_PROXY_CONNECT_TIMEOUT", d.connect_timeout_s)),
-    )
-    p.add_argument(
-        "--read-timeout",
-        dest="read_timeout_s",
-        type=float,
-        default=float(env.get("AGL_PROXY_READ_TIMEOUT", d.read_timeout_s)),
-        help="longest wait for the engine's answer (between chunks when streaming)",
-    )
-    p.add_argument(
-        "--ledger-timeout",
-        dest="ledger_timeout_s",
-        type=float,
-        default=float(env.get("AGL_PROXY_LEDGER_TIMEOUT", d.ledger_timeout_s)),
-    )
-    p.add_argument("--max-body-bytes", type=int, default=int(env.get("AGL_PROXY_MAX_BODY_BYTES", d.max_body_bytes)))
-    p.add_argument("--max-connections", type=int, default=int(env.get("AGL_PROXY_MAX_CONNECTIONS", d.max_connections)))
-    p.add_argument(
-        "--max-client-connections",
-        type=int,
-        default=int(env.get("AGL_PROXY_MAX_CLIENT_CONNECTIONS", d.max_client_connections)),
-        help="agents' connections served at once; above it the longest-waiting idle one is closed, or 503",
-    )
-    p.add_argument(
-        "--header-timeout",
-        dest="header_timeout_s",
-        type=float,
-        default=float(env.get("AGL_PROXY_HEADER_TIMEOUT", d.header_timeout_s)),
-        help="seconds a request's head may take to arrive (408 and close otherwise)",
-    )
-    p.add_argument(
-        "--body-timeout",
-        dest="body_timeout_s",
-        type=float,
-        default=float(env.get("AGL_PROXY_BODY_TIMEOUT", d.body_timeout_s)),
-        help="seconds a request's body may take to arrive after its head (408 and close otherwise)",
-    )
-    p.add_argument(
-        "--keep-alive",
-        dest="keep_alive_s",
-        type=float,
-        default=float(env.get("AGL_PROXY_KEEP_ALIVE", d.keep_alive_s)),
-        help="seconds an idle agent connection is kept open",
-    )
-    p.add_argument(
-        "--rollout-cache-ttl",
-        dest="rollout_cache_ttl_s",
-        type=float,
-        default=float(env.get("AGL_PROXY_ROLLOUT_CACHE_TTL", d.rollout_cache_ttl_s)),
-    )
-    p.add_argument(
-        "--heartbeat", dest="heartbeat_s", type=float, default=float(env.get("AGL_PROXY_HEARTBEAT", d.heartbeat_s))
-    )
-    p.add_argument(
-        "--replica-ttl",
-        dest="replica_ttl_s",
-        type=float,
-        default=float(env.get("AGL_PROXY_REPLICA_TTL", d.replica_ttl_s)),
-    )
-    p.add_argument("--replica-id", default=env.get("AGL_PROXY_REPLICA_ID", ""), help="default: host-pid-random")
-    p.add_argument("--workers", type=int, default=int(env.get("AGL_PROXY_WORKERS", d.workers)))
-    p.add_argument("--log-level", default=env.get("AGL_LOG_LEVEL", d.log_level))
-    p.add_argument(
-        "--token-continuation",
-        action=argparse.BooleanOptionalAction,
-        default=_bool(env.get("AGL_PROXY_TOKEN_CONTINUATION", "true")),
-        help="continue a rollout's earlier turn in the tokens the model sampled, where its history re-renders to "
-        "the same text (needs engines with vLLM's render/generate endpoints: agl-engine starts them)",
-    )
-    p.add_argument(
-        "--token-continuation-rollouts",
-        type=int,
-        default=int(env.get("AGL_PROXY_TOKEN_CONTINUATION_ROLLOUTS", d.token_continuation_rollouts)),
-        help="rollout attempts whose last turns' tokens are kept for token continuation",
-    )
-    args = p.parse_args(argv)
-    if not args.model_name:
-        p.error("--model-name (or AGL_MODEL_NAME) is required")
-    if args.retry_attempts < 1:
-        p.error("--retry-attempts must be at least 1")
-    if args.max_client_connections < 1:
-        p.error("--max-client-connections must be at least 1")
-    if args.token_continuation_rollouts < 1:
-        p.error("--token-continuation-rollouts must be at least 1 (turn it off with --no-token-continuation)")
-    if min(args.header_timeout_s, args.body_timeout_s, args.keep_alive_s) <= 0:
-        p.error("--header-timeout, --body-timeout and --keep-alive must be positive")
-    return ProxyConfig(**vars(args))
+    values = SETTINGS.parse(argv, env)
+    if not values["model_name"]:
+        SETTINGS.fail("--model-name (or AGL_MODEL_NAME) is required")
+    if values["replica_ttl_s"] <= values["heartbeat_s"]:
+        SETTINGS.fail("--replica-ttl must exceed --heartbeat, or the replica drops out of the ledger between reports")
+    return ProxyConfig(**values)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from services import settings as st
 
 
 @dataclass(frozen=True)
@@ -21,39 +21,30 @@ class StandinConfig:
     log_level: str = "warning"
 
 
+_D = StandinConfig()
+_MS = st.number(0.0, what="a number of milliseconds")
+SETTINGS = st.Settings(
+    "agl-standin-engine",
+    __doc__,
+    [
+        st.Setting("--host", "AGL_STANDIN_HOST", st.text(), _D.host),
+        st.Setting("--port", "AGL_STANDIN_PORT", st.port(), _D.port),
+        st.Setting("--model", "AGL_STANDIN_MODEL", st.text(nonempty=True), _D.model, "served model name"),
+        st.Setting("--delay-ms", "AGL_STANDIN_DELAY_MS", _MS, _D.delay_ms,
+                   "wait before each answer (before the first chunk when streaming)"),
+        st.Setting("--chunk-delay-ms", "AGL_STANDIN_CHUNK_DELAY_MS", _MS, _D.chunk_delay_ms,
+                   "wait between stream chunks"),
+        st.Setting("--fail-first", "AGL_STANDIN_FAIL_FIRST", st.integer(0), _D.fail_first,
+                   "answer the first N generation requests with --fail-status"),
+        st.Setting("--fail-status", "AGL_STANDIN_FAIL_STATUS", st.integer(400, 599, what="an HTTP error status"),
+                   _D.fail_status),
+        st.Setting("--mistake-rate", "AGL_STANDIN_MISTAKE_RATE", st.number(0.0, 1.0), _D.mistake_rate,
+                   "when sampling (temperature > 0), answer this fraction of arithmetic questions off by one"),
+        st.Setting("--log-level", "AGL_LOG_LEVEL", st.log_level(), _D.log_level),
+    ],
+)  # fmt: skip
+
+
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> StandinConfig:
-    env = os.environ if env is None else env
-    parser = argparse.ArgumentParser(prog="agl-standin-engine", description=__doc__)
-    parser.add_argument("--host", default=env.get("AGL_STANDIN_HOST", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=int(env.get("AGL_STANDIN_PORT", "8000")))
-    parser.add_argument("--model", default=env.get("AGL_STANDIN_MODEL", "standin-model"), help="served model name")
-    parser.add_argument(
-        "--delay-ms",
-        type=float,
-        default=float(env.get("AGL_STANDIN_DELAY_MS", "0")),
-        help="wait before each answer (before the first chunk when streaming)",
-    )
-    parser.add_argument(
-        "--chunk-delay-ms",
-        type=float,
-        default=float(env.get("AGL_STANDIN_CHUNK_DELAY_MS", "0")),
-        help="wait between stream chunks",
-    )
-    parser.add_argument(
-        "--fail-first",
-        type=int,
-        default=int(env.get("AGL_STANDIN_FAIL_FIRST", "0")),
-        help="answer the first N generation requests with --fail-status",
-    )
-    parser.add_argument("--fail-status", type=int, default=int(env.get("AGL_STANDIN_FAIL_STATUS", "503")))
-    parser.add_argument(
-        "--mistake-rate",
-        type=float,
-        default=float(env.get("AGL_STANDIN_MISTAKE_RATE", "0")),
-        help="when sampling (temperature > 0), answer this fraction of arithmetic questions off by one",
-    )
-    parser.add_argument("--log-level", default=env.get("AGL_LOG_LEVEL", "warning"))
-    args = parser.parse_args(argv)
-    if not 0.0 <= args.mistake_rate <= 1.0:
-        parser.error(f"--mistake-rate must be between 0 and 1, not {args.mistake_rate}")
-    return StandinConfig(**vars(args))
+    values = SETTINGS.parse(argv, env)
+    return StandinConfig(**{**values, "log_level": values["log_level"].lower()})  # uvicorn wants it lower-case

@@ -121,7 +121,7 @@ def test_the_checkouts_engine_venv_is_found() -> None:
         (["--model-dir", "/no/such/model"], "model dir /no/such/model does not exist"),
         (["--model-dir", "/tmp"], "model dir /tmp has no config.json"),
         (["--model-dir", "{model}", "--python", "/no/python"], "engine python /no/python does not exist"),
-        (["--model-dir", "{model}", "--port", "0"], "--port must be positive"),
+        (["--model-dir", "{model}", "--port", "0"], "--port wants a port from 1 to 65535, not '0'"),
     ],
 )
 def test_cli_errors_are_one_line_and_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
