@@ -256,9 +256,9 @@ class Settings:
         try:
             return setting.kind.convert(raw)
         except ValueError as err:
-            shown = "(the value is secret)" if setting.secret else f"not {raw!r}"
+            shown = " (the value given is not shown: a secret)" if setting.secret else f", not {raw!r}"
             why = f": {err}" if setting.kind.explains and str(err) and not setting.secret else ""
-            self.fail(f"{source} wants {setting.kind.wants}, {shown}{why}")
+            self.fail(f"{source} wants {setting.kind.wants}{shown}{why}")
 
     def fail(self, message: str) -> NoReturn:
         fail(self.prog, message)
