@@ -40,6 +40,7 @@ def test_cfg_job_carries_the_engines_served_name_and_tool_call_flags(
         "served_model_name": "${agl.model_name}",
         "enable_auto_tool_choice": "${agl.tool_calls.enable_auto_tool_choice}",
         "tool_call_parser": "${agl.tool_calls.parser}",
+        "enable_scale_out": True,
     }
     # Resolved as the job resolves it (same environment): the routed name and the parser reach the engines.
     job = OmegaConf.to_container(printed, resolve=True)
@@ -48,6 +49,7 @@ def test_cfg_job_carries_the_engines_served_name_and_tool_call_flags(
         "served_model_name": "qwen-policy",
         "enable_auto_tool_choice": True,
         "tool_call_parser": "hermes",
+        "enable_scale_out": True,
     }
     assert rollout["engine_kwargs"]["sglang"] == {"served_model_name": "qwen-policy", "tool_call_parser": "hermes"}
     assert rollout["prometheus"]["served_model_name"] == "qwen-policy"

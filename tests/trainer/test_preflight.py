@@ -56,7 +56,12 @@ def test_shipped_defaults_pass_the_check_and_verls_validation_on_one_gpu() -> No
     assert cfg.data.val_files is None
     # verl's own vLLM / SGLang servers get the routed name and the tool-call flags as server arguments.
     vllm = omega_conf_to_dataclass(rollout).engine_kwargs["vllm"]
-    assert vllm == {"served_model_name": "agl-policy", "enable_auto_tool_choice": True, "tool_call_parser": "hermes"}
+    assert vllm == {
+        "served_model_name": "agl-policy",
+        "enable_auto_tool_choice": True,
+        "tool_call_parser": "hermes",
+        "enable_scale_out": True,  # the render/generate endpoints of the proxies' token continuation
+    }
     assert rollout.engine_kwargs.sglang.served_model_name == "agl-policy"
     assert rollout.prometheus.served_model_name == "agl-policy"
 
