@@ -7,6 +7,7 @@ must exit 2 with one line on stderr naming the variable or flag and the value, a
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -234,3 +235,71 @@ def test_each_service_refuses_a_bad_variable_and_a_bad_flag_in_one_line(prog: st
     assert_one_line_usage_error(run_command(prog, base, {variable: value}), prog, variable, value)
     argv = [*bad_flag, *base] if flag_first else [*base, *bad_flag]
     assert_one_line_usage_error(run_command(prog, argv, {}), prog, bad_flag[0], bad_flag[1])
+
+
+# The README's flag tables are written by hand (their defaults carry explanations); these tests keep them true to the
+# declarations: every flag and variable a table names is declared, with that variable, and every declared one is
+# documented in README.md or SECURITY.md (a wildcard such as AGL_PROXY_RETRY_* counts).
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+DOCS = README + (Path(__file__).resolve().parents[1] / "SECURITY.md").read_text()
+TABLES = {
+    "agl-ledger": "**Ledger** —",
+    "agl-proxy": "**Proxy** —",
+    "agl-controller": "**Controller** —",
+    "agl-engine": "**Engine** —",
+    "agl-console": "### `agl-console`, the web console",
+}
+UNDOCUMENTED = {"agl-standin-engine": "a test tool: `agl-standin-engine --help`", "AGL_CLI_TIMEOUT": "README gap"}
+
+
+def table_rows(heading: str) -> list[str]:
+    lines = README[README.index(heading) :].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| flag |"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            return rows
+        rows.append(line)
+    return rows
+
+
+def documented(name: str) -> bool:
+    if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", DOCS):
+        return True
+    if name.startswith("--") and f"--[no-]{name[2:]}" in DOCS:
+        return True
+    wildcards = re.findall(r"AGL_[A-Z_]*\*[A-Z_]*", DOCS)
+    return any(re.fullmatch(w.replace("*", "[A-Z_]+"), name) for w in wildcards)
+
+
+@pytest.mark.parametrize("prog", sorted(TABLES))
+def test_readme_tables_name_declared_flags_with_their_variables(prog: str) -> None:
+    by_flag = {s.flag: s for s in ALL[prog].settings if s.flag}
+    rows = table_rows(TABLES[prog])
+    assert rows, prog
+    for row in rows:
+        columns = row.split("|")
+        names = re.findall(r"--(?:\[no-\])?[a-z][a-z0-9-]*", columns[1])
+        variables = re.findall(r"AGL_[A-Z_*]+", columns[2])
+        for name in names:
+            flag = name.replace("[no-]", "")
+            if flag not in by_flag and flag.startswith("--no-") and "--" + flag[5:] in by_flag:
+                flag = "--" + flag[5:]
+            assert flag in by_flag, f"{prog}: the README names {name}, which is not declared"
+            env = by_flag[flag].env
+            assert env is None or any(re.fullmatch(v.replace("*", "[A-Z_]+"), env) for v in variables), (
+                f"{prog}: the README's row for {flag} does not name its variable {env}: {row[:120]}"
+            )
+
+
+@pytest.mark.parametrize("prog", sorted(ALL))
+def test_every_declared_flag_and_variable_is_documented(prog: str) -> None:
+    if prog in UNDOCUMENTED:
+        return
+    missing = [
+        name
+        for s in ALL[prog].settings
+        for name in (s.flag, s.env)
+        if name and name not in UNDOCUMENTED and not documented(name)
+    ]
+    assert not missing, f"{prog}: not in README.md or SECURITY.md: {missing}"
