@@ -146,7 +146,7 @@ def _range_words(what: str, low: float | None, high: float | None, *, above: boo
     if low is not None and high is not None:
         return f"{what} from {_num(low)} to {_num(high)}"
     if low is not None and above:
-        return f"a positive {what.removeprefix('a ').removeprefix('an ')}" if low == 0 else f"{what} above {low}"
+        return f"a positive {what.removeprefix('a ').removeprefix('an ')}" if low == 0 else f"{what} above {_num(low)}"
     if low == 0:
         return f"{what}, 0 or more"
     if low is not None:
@@ -195,7 +195,7 @@ class Setting:
 
 def fail(prog: str, message: str) -> NoReturn:
     """The one-line usage error: `prog: error: message` on stderr, exit status 2."""
-    line = " ".join(message.split("\n"))
+    line = " ".join(message.splitlines())
     sys.stderr.write(f"{prog}: error: {line}\n")
     raise SystemExit(2)
 
@@ -262,15 +262,3 @@ class Settings:
 
     def fail(self, message: str) -> NoReturn:
         fail(self.prog, message)
-
-    def table(self, *, notes: Mapping[str, str] | None = None) -> str:
-        """A Markdown table of the settings (flag, env, default), e.g. for a README."""
-        notes = notes or {}
-        rows = ["| flag | env | default |", "|---|---|---|"]
-        for s in self.settings:
-            flag = s.flag if s.flag is not None else "-"
-            if s.kind.switch and s.flag is not None:
-                flag = f"{s.flag}` / `--no-{s.flag.removeprefix('--')}"
-            env = f"`{s.env}`" if s.env else "-"
-            rows.append(f"| `{flag}` | {env} | {notes.get(s.key, s.shown_default)} |")
-        return "\n".join(rows)
