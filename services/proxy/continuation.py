@@ -84,8 +84,11 @@ class TokenHistory:
         `prompt_hidden` the hidden positions of a spliced prompt (Splice.hidden)."""
         if not prompt_ids or not response_ids or self.max_rollouts <= 0:
             return
-        tokens = array("l", prompt_ids)
-        tokens.extend(response_ids)
+        try:
+            tokens = array("i", prompt_ids)
+            tokens.extend(response_ids)
+        except OverflowError:  # not a token id (an engine answering nonsense): nothing to continue
+            return
         hidden = tuple(prompt_hidden) + ((len(tokens) - 1,) if stop_token == response_ids[-1] else ())
         turns = self._turns.pop(key, None) or []
         # A turn that this one continues is covered by it.
@@ -101,7 +104,10 @@ class TokenHistory:
         if not turns:
             return None
         self._turns.move_to_end(key)
-        tokens = array("l", rendered)  # an array compares equal to an array only, never to a list
+        try:
+            tokens = array("i", rendered)  # an array compares equal to an array only, never to a list
+        except OverflowError:
+            return None
         return max(((turn, common_prefix(turn.tokens, tokens)) for turn in turns), key=lambda pair: pair[1])
 
 
@@ -126,7 +132,7 @@ class Splice:
     hidden: tuple[int, ...]
 
     def text_ids(self) -> list[int]:
-        return Turn(array("l", self.prompt_ids), self.hidden).visible()
+        return Turn(array("i", self.prompt_ids), self.hidden).visible()
 
 
 def splice(turn: Turn, rendered: Sequence[int], rendered_text: str, offsets: Sequence[Sequence[int]],

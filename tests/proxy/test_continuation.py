@@ -32,7 +32,7 @@ def offsets(tokens: list[int]) -> list[tuple[int, int]]:
 
 
 def continued(turn: Turn, rendered: list[int]) -> Splice | None:
-    shared = common_prefix(turn.tokens, array("l", rendered))
+    shared = common_prefix(turn.tokens, array("i", rendered))
     return splice(turn, rendered, text(rendered), offsets(rendered), text(turn.visible()), shared)
 
 
@@ -41,12 +41,12 @@ def test_common_prefix_of_arrays_and_lists() -> None:
     assert common_prefix([1, 2], [1, 2, 3]) == 2
     assert common_prefix([], [1]) == 0
     assert common_prefix([5], [1]) == 0
-    assert common_prefix(array("l", range(1000)), array("l", [*range(777), -1])) == 777
+    assert common_prefix(array("i", range(1000)), array("i", [*range(777), -1])) == 777
 
 
 def test_a_sampled_split_is_kept_and_the_new_context_follows() -> None:
     prompt = [1, 20, 22, 2, 21]
-    turn = Turn(array("l", [*prompt, 10, 11, 2]))  # the model wrote "1" "2" then <end> (EOS: its text is kept)
+    turn = Turn(array("i", [*prompt, 10, 11, 2]))  # the model wrote "1" "2" then <end> (EOS: its text is kept)
     rendered = [*prompt, 12, 2, 20, 23, 2, 21]  # the re-rendered history writes "12"
     result = continued(turn, rendered)
     assert result == Splice([*prompt, 10, 11, 2, 20, 23, 2, 21], ())
@@ -55,7 +55,7 @@ def test_a_sampled_split_is_kept_and_the_new_context_follows() -> None:
 
 def test_a_stop_token_left_out_of_the_text_stays_and_is_hidden() -> None:
     prompt = [1, 20, 22, 2, 21]
-    turn = Turn(array("l", [*prompt, 23, 9]), hidden=(len(prompt) + 1,))  # "ok" then the stop token </call>
+    turn = Turn(array("i", [*prompt, 23, 9]), hidden=(len(prompt) + 1,))  # "ok" then the stop token </call>
     rendered = [*prompt, 23, 2, 20, 22, 2, 21]  # the template closes the turn with <end>, no </call>
     result = continued(turn, rendered)
     assert result is not None
@@ -66,7 +66,7 @@ def test_a_stop_token_left_out_of_the_text_stays_and_is_hidden() -> None:
 
 def test_a_stop_token_the_template_writes_back_is_not_doubled() -> None:
     prompt = [1, 20, 22, 2, 21]
-    turn = Turn(array("l", [*prompt, 10, 11, 9]), hidden=(len(prompt) + 2,))
+    turn = Turn(array("i", [*prompt, 10, 11, 9]), hidden=(len(prompt) + 2,))
     rendered = [*prompt, 12, 9, 2, 20, 23, 2, 21]  # a parsed call: the template writes </call> itself
     result = continued(turn, rendered)
     assert result == Splice([*prompt, 10, 11, 9, 2, 20, 23, 2, 21], ())
@@ -74,7 +74,7 @@ def test_a_stop_token_the_template_writes_back_is_not_doubled() -> None:
 
 def test_a_history_whose_text_changed_is_not_spliced() -> None:
     prompt = [1, 20, 22, 2, 21]
-    turn = Turn(array("l", [*prompt, 10, 11, 2]))
+    turn = Turn(array("i", [*prompt, 10, 11, 2]))
     assert continued(turn, [*prompt, 23, 2, 20, 22, 2, 21]) is None  # the agent rewrote its answer
     assert continued(turn, [1, 20, 23, 2, 21, 12, 2]) is None  # an earlier turn changed
     assert continued(turn, [*prompt, 10]) is None  # the history stops inside the answer
@@ -83,7 +83,7 @@ def test_a_history_whose_text_changed_is_not_spliced() -> None:
 def test_a_chained_splice_keeps_earlier_hidden_tokens_hidden() -> None:
     history = TokenHistory(max_rollouts=8)
     prompt = [1, 20, 22, 2, 21]
-    first = Turn(array("l", [*prompt, 23, 9]), hidden=(6,))
+    first = Turn(array("i", [*prompt, 23, 9]), hidden=(6,))
     rendered = [*prompt, 23, 2, 20, 22, 2, 21]
     second = continued(first, rendered)
     assert second is not None and second.hidden == (6,)
@@ -123,7 +123,9 @@ def test_history_keeps_the_last_turns_of_the_most_recent_rollouts() -> None:
     assert history.has(("a", "0")) and history.has(("c", "0")) and not history.has(("b", "0"))
     assert len(history) == 2
     history.remember(("d", "0"), [], [2], stop_token=None)  # nothing to continue
+    history.remember(("d", "0"), [1, 2**40], [2], stop_token=None)  # not token ids
     assert not history.has(("d", "0"))
+    assert history.closest(("a", "0"), [2**40]) is None
     for n in range(10):
         history.remember(("a", "0"), [1, 100 + n], [2], stop_token=None)
     assert len(history._turns[("a", "0")]) == 4
