@@ -61,10 +61,12 @@ def test_three_steps_of_the_calc_agent_train_on_whole_trajectories(
     steps = [run.step(n) for n in (1, 2, 3)]
     for step in steps:
         assert step["agl/rollout/succeeded"] == 16.0, step
-        # The template re-renders every tool call as the model wrote it, so a call continues its rollout's row. The
-        # one exception: a sampled split of a word other than the tokenizer's own (same text, other tokens), rare;
-        # it starts an exact segment row of its own, never a retokenized one. A template that did not round-trip
-        # would break nearly every multi-turn rollout (~13 of 16 here).
+        # The template re-renders every tool call as the model wrote it, and where the tokens still differ (a
+        # sampled split of a word other than the tokenizer's own) the proxy continues in the sampled tokens, so a
+        # call continues its rollout's row. What remains is a history whose text changed (a garbled call the
+        # parser read as JSON and the agent sent back re-serialised): rare, and an exact segment row of its own,
+        # never a retokenized one. A template that did not round-trip would break nearly every multi-turn rollout
+        # (~13 of 16 here).
         breaks = step["agl/data/trajectory_breaks"]
         assert breaks <= 4.0, step
         # One row per rollout plus one per break, less the rows dropped for an over-long prompt (a segment's prompt
