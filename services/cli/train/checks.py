@@ -36,7 +36,8 @@ if not callable(getattr(target, "run", None)):
     print("has no run() method (the controller calls Class().run())")
     sys.exit(1)
 """
-AGENT_PROBE_TIMEOUT_S = 30.0
+# An import that hangs is refused; a slow one is not (anthropic's SDK took over 30 s on 2 busy cores, seen here).
+AGENT_PROBE_TIMEOUT_S = 120.0
 
 
 def load_tasks(path: Path, what: str = "--data") -> list[Any]:
