@@ -23,12 +23,12 @@ from services._gen.agl.v1 import (
     proxy_control_pb2,
     rollout_pb2,
 )
+from services.printable import printable
 
 from . import attempts, states
 from .controller_leases import ControllerLeases
 from .errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from .hub import Change, RolloutFilter, RolloutHub
-from .logs import printable
 from .model_registry import ModelRegistry
 from .paging import page_size, parse_token
 from .proxy_control import ProxyControlState

@@ -6,13 +6,6 @@ import json
 import logging
 import sys
 
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
-
-
-def printable(text: str) -> str:
-    """`text` with control characters (CR, LF, NUL, ...) escaped, for free text (error messages) in a log line."""
-    return text.translate(_CONTROL)
-
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
