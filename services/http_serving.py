@@ -1,21 +1,78 @@
-"""The HTTP protocol uvicorn serves the proxy with: httptools, with each event-loop step's writes sent as one.
+"""How the proxy and the console serve HTTP with uvicorn: client limits (a request head and body must arrive in
+time, a connection cap), and httptools with each event-loop step's writes sent as one.
 
-uvicorn writes a response's status line and headers, then its body, as two transport writes, and the event loop
-sends each at once: two send() calls and two wake-ups of the agent per answer. On loopback in a VM every send
-costs the sender CPU; measured on the 64-client proxy benchmark (same-session A/B), one send per answer
-instead of two takes about 8% off the proxy's CPU per call. Writes are buffered until the end of the current
-loop step (one call_soon) and then sent together, in order.
+Limits: without them a client that opens a connection and sends half a request head (or nothing) holds a file
+handle, and a place in the server, for good; enough of them leave nothing for real clients.
+
+- header deadline: a request's head (request line and headers) must be complete this long after the connection
+  opened or its first byte arrived; otherwise the server answers 408 and closes the connection.
+- body deadline: its body must be complete this long after the head; otherwise 408 (or a close) too.
+- connection cap: above it, a new connection first displaces the connection that has waited longest without a
+  request in progress (idle keep-alive or an unfinished head); when none can go, the new one gets 503 with
+  `Retry-After` and is closed at once, so the server never runs out of file handles.
+
+Coalescing: uvicorn writes a response's status line and headers, then its body, as two transport writes, and the
+event loop sends each at once: two send() calls and two wake-ups of the client per answer. On loopback in a VM
+every send costs the sender CPU; measured on the 64-client proxy benchmark (same-session A/B), one send per answer
+instead of two takes about 8% off the proxy's CPU per call. Writes are buffered until the end of the current loop
+step (one call_soon) and then sent together, in order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import resource
+from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .client_limits import ClientLimits
+log = logging.getLogger(__name__)
+
+# File handles kept for everything but client and upstream connections (the ledger channel, logs, the loop).
+_RESERVED_FILES = 64
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    max_connections: int = 4096
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keep_alive_s: float = 75.0
+    # A connection waiting this long without a request may be displaced by a new one when the cap is reached (a
+    # real client's head arrives well within it; a slow one's never does).
+    displace_after_s: float = 0.05
+    # Who serves, and the variables that set the limits, as the 408 and 503 answers name them.
+    server: str = "proxy"
+    header_variable: str = "AGL_PROXY_HEADER_TIMEOUT"
+    body_variable: str = "AGL_PROXY_BODY_TIMEOUT"
+    cap_variable: str = "AGL_PROXY_MAX_CLIENT_CONNECTIONS"
+
+
+def connection_budget(wanted: int, upstream: bool = True) -> int:
+    """The connection cap the open-file limit allows, after raising the soft limit toward `wanted` if it can.
+    With `upstream`, half of what the limit leaves is kept for connections the server opens itself."""
+    share = 2 if upstream else 1
+    need = share * wanted + _RESERVED_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        if target > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
+            except (ValueError, OSError) as err:
+                log.warning("could not raise the open-file limit from %d to %d: %s", soft, target, err)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    allowed = max(16, (soft - _RESERVED_FILES) // share)
+    if allowed < wanted:
+        log.warning(
+            "serving at most %d client connections (asked for %d): the open-file limit is %d", allowed, wanted, soft
+        )
+    return min(wanted, allowed)
 
 
 class CoalescingTransport(asyncio.Transport):
@@ -101,7 +158,7 @@ def _plain_answer(status: int, reason: str, error: tuple[str, str], message: str
 
 
 class ConnectionGuard:
-    """The client limits of one server (see client_limits): deadlines swept by one timer, and admission."""
+    """The client limits of one server (see the module's docstring): deadlines swept by one timer, and admission."""
 
     def __init__(self, limits: ClientLimits, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
         self.limits = limits
@@ -118,13 +175,13 @@ class ConnectionGuard:
             "Request Timeout",
             ("invalid_request_error", "request_timeout"),
             f"The request did not arrive in time: its head must arrive within {limits.header_timeout_s:g}s "
-            f"(AGL_PROXY_HEADER_TIMEOUT) and its body within {limits.body_timeout_s:g}s (AGL_PROXY_BODY_TIMEOUT).",
+            f"({limits.header_variable}) and its body within {limits.body_timeout_s:g}s ({limits.body_variable}).",
         )
         self.refusal = _plain_answer(
             503,
             "Service Unavailable",
             ("service_unavailable_error", "too_many_connections"),
-            f"The proxy serves at most {limits.max_connections} connections (AGL_PROXY_MAX_CLIENT_CONNECTIONS) and "
+            f"The {limits.server} serves at most {limits.max_connections} connections ({limits.cap_variable}) and "
             "all are in use; retry later.",
             b"retry-after: 1\r\n",
         )

@@ -12,8 +12,10 @@ from types import FrameType
 import uvicorn
 from starlette.applications import Starlette
 
+from services import http_serving
+
 from .app import create_app
-from .config import parse_args
+from .config import ConsoleConfig, parse_args
 
 
 class _Server(uvicorn.Server):
@@ -29,11 +31,34 @@ class _Server(uvicorn.Server):
                 asyncio.get_running_loop().call_soon_threadsafe(self.app.state.mirror.end_streams)
 
 
+def client_limits(config: ConsoleConfig) -> http_serving.ClientLimits:
+    """The proxy's guard against silent and slow clients, with the console's own limits and names."""
+    return http_serving.ClientLimits(
+        max_connections=http_serving.connection_budget(config.max_connections, upstream=False),
+        header_timeout_s=config.header_timeout_s,
+        body_timeout_s=config.body_timeout_s,
+        keep_alive_s=5.0,
+        server="console",
+        header_variable="AGL_CONSOLE_HEADER_TIMEOUT",
+        body_variable="AGL_CONSOLE_BODY_TIMEOUT",
+        cap_variable="AGL_CONSOLE_MAX_CONNECTIONS",
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     app = create_app(config)
-    options = {"log_level": "warning", "access_log": False, "timeout_graceful_shutdown": 5}
+    limits = client_limits(config)
+    http_serving.configure(limits)
+    options = {
+        "log_level": "warning",
+        "access_log": False,
+        "timeout_graceful_shutdown": 5,
+        "timeout_keep_alive": limits.keep_alive_s,
+        # A request head and body must arrive in time, and a connection cap (see services/http_serving).
+        "http": http_serving.GuardedHttpToolsProtocol,
+    }
     server = _Server(uvicorn.Config(app, host=config.host, port=config.port, **options))
     server.app = app
     server.run()

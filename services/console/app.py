@@ -17,14 +17,15 @@ from typing import Any
 import grpc
 import jinja2
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from services.client import LedgerClient, RetryPolicy
+from services.printable import printable
 
 from . import pages
-from .auth import COOKIE, Sessions
+from .auth import COOKIE, SESSION_TTL_S, LoginThrottle, Sessions
 from .config import ConsoleConfig
 from .mirror import Mirror
 
@@ -60,6 +61,7 @@ def create_app(config: ConsoleConfig, client: LedgerClient | None = None) -> Sta
     client = client or LedgerClient(config.ledger, config.key, retry=RetryPolicy(attempts=3))
     mirror = Mirror(client)
     sessions = Sessions(config.key, config.console_key)
+    throttle = LoginThrottle()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -96,15 +98,25 @@ def create_app(config: ConsoleConfig, client: LedgerClient | None = None) -> Sta
         form = urllib.parse.parse_qs(body)
         key = form.get("key", [""])[0]
         target = _safe_next(form.get("next", ["/"])[0])
+        address = request.client.host if request.client else "?"
+        wait_s = throttle.wait_s(address)
+        if wait_s:
+            error = f"Too many wrong keys from this address: try again in {wait_s} s."
+            response = render("login.html.j2", request, status=429, next=target, error=error)
+            response.headers["retry-after"] = str(wait_s)
+            return response
         cookie = sessions.login(key) if key else None
         if cookie is None:
-            log.info("console login refused (wrong key) from %s", request.client.host if request.client else "?")
+            throttle.failed(address)
+            log.info("console login refused (wrong key) from %s", address)
             return render("login.html.j2", request, status=401, next=target, error="That key is not accepted.")
+        throttle.succeeded(address)
         response = RedirectResponse(target, status_code=303)
-        response.set_cookie(COOKIE, cookie, httponly=True, samesite="strict", path="/")
+        response.set_cookie(COOKIE, cookie, max_age=int(SESSION_TTL_S), httponly=True, samesite="strict", path="/")
         return response
 
     async def logout(request: Request) -> Response:
+        sessions.logout(request.cookies.get(COOKIE))
         response = RedirectResponse("/login", status_code=303)
         response.delete_cookie(COOKIE, path="/")
         return response
@@ -218,9 +230,22 @@ def create_app(config: ConsoleConfig, client: LedgerClient | None = None) -> Sta
         Route("/healthz", health),
         Route("/readyz", ready),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={ClientDisconnect: client_left})
     app.state.mirror = mirror
     return app
+
+
+async def client_left(request: Request, exc: Exception) -> Response:
+    """The client went away (or its body deadline passed, answered 408 by the server) before its request was in:
+    nobody to answer, and no bug, so one line instead of a traceback."""
+    address = request.client.host if request.client else "?"
+    log.info(
+        "console: %s %s from %s: the client left before its request arrived (or its body deadline passed)",
+        request.method,
+        printable(request.url.path),
+        address,
+    )
+    return Response(status_code=400)
 
 
 def _timed(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:

@@ -16,6 +16,9 @@ class ConsoleConfig:
     key: str | None = None  # the master key: the ledger's bearer key, also accepted at the login page
     console_key: str | None = None  # a read-only key accepted at the login page only
     page_size: int = 100
+    header_timeout_s: float = 10.0  # a request head must arrive within this (408 otherwise)
+    body_timeout_s: float = 30.0  # and its body within this after the head
+    max_connections: int = 512  # connections served at once (open pages hold one each for their event stream)
     log_level: str = "INFO"
 
     @property
@@ -37,6 +40,13 @@ SETTINGS = st.Settings(
                    "read-only key accepted at the login page", secret=True),
         st.Setting("--page-size", "AGL_CONSOLE_PAGE_SIZE", st.integer(1, 1000), _D.page_size,
                    "rows per rollouts page"),
+        st.Setting("--header-timeout", "AGL_CONSOLE_HEADER_TIMEOUT", st.seconds(), _D.header_timeout_s,
+                   "seconds a request's head may take to arrive (408 and close otherwise)", name="header_timeout_s"),
+        st.Setting("--body-timeout", "AGL_CONSOLE_BODY_TIMEOUT", st.seconds(), _D.body_timeout_s,
+                   "seconds a request's body may take to arrive after its head (408 and close otherwise)",
+                   name="body_timeout_s"),
+        st.Setting("--max-connections", "AGL_CONSOLE_MAX_CONNECTIONS", st.integer(1), _D.max_connections,
+                   "connections served at once; above it the longest-waiting idle one is closed, or 503"),
         st.Setting("--log-level", "AGL_LOG_LEVEL", st.log_level(), _D.log_level),
     ],
 )  # fmt: skip

@@ -8,7 +8,8 @@ import sys
 
 import uvicorn
 
-from . import serving
+from services import http_serving as serving
+
 from .app import create_app
 from .client_limits import limits_for
 from .config import parse_config

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.proxy.serving import CoalescingTransport
+from services.http_serving import CoalescingTransport
 
 
 class RecordingTransport(asyncio.Transport):
