@@ -22,9 +22,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from services import http_serving as serving
 from services.client import LedgerClient, backoff_s
+from services.printable import printable
 
-from . import anthropic_messages, openai_responses, serving
+from . import anthropic_messages, openai_responses
 from .auth import Authorizer, presented_key
 from .background import stop_tasks
 from .calls import ModelCalls, Reply, StreamSession
@@ -381,9 +383,21 @@ def create_app(config: ProxyConfig) -> Starlette:
         kind = "not_found" if exc.status_code in (404, 405) else "invalid_request"
         return shaped(request, ProxyError(kind, f"{request.method} {request.url.path}: {exc.detail}"), exc.status_code)
 
+    async def client_left(request: Request, exc: Exception) -> Response:
+        """The agent left (or its body deadline passed, answered 408 by the server) before its request was in:
+        nobody to answer and no bug, so one line naming the rollout instead of a traceback."""
+        params = request.path_params
+        rollout_id, attempt_id = params.get("rollout_id"), params.get("attempt_id", "-")
+        where = f"rollout {printable(rollout_id)} attempt {printable(attempt_id)}" if rollout_id else "no rollout"
+        log.info(
+            "%s: %s %s: the agent left before its request arrived (or its body deadline passed)",
+            where,
+            request.method,
+            printable(request.url.path),
+        )
+        return Response(status_code=400)
+
     async def internal_error(request: Request, exc: Exception) -> Response:
-        if isinstance(exc, ClientDisconnect):  # the agent left (or its body deadline passed): nobody to answer
-            return Response(status_code=400)
         # A bug, not the agent's fault: answered OpenAI-shaped, never with a traceback (Starlette re-raises it after
         # this answer, and uvicorn logs it with its traceback).
         err = ProxyError("internal", "The proxy failed to handle this request; see its log.")
@@ -411,7 +425,12 @@ def create_app(config: ProxyConfig) -> Starlette:
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={ProxyError: proxy_error, HTTPException: http_error, Exception: internal_error},
+        exception_handlers={
+            ProxyError: proxy_error,
+            HTTPException: http_error,
+            ClientDisconnect: client_left,
+            Exception: internal_error,
+        },
     )
     app.state.proxy = proxy
     return app
