@@ -4,6 +4,7 @@ driven headless through its chromedriver. Screenshots go to $AGL_TEST_ARTIFACTS/
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,14 +58,13 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: flo
     raise TimeoutError(f"agl-console not ready at {url}:\n{log.read_text()}")
 
 
-@pytest.fixture(scope="module")
-def console(ledger: ServiceProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+@contextlib.contextmanager
+def run_console(ledger: ServiceProcess, log: Path, args: Sequence[str] = ()) -> Iterator[Console]:
     """The installed console script, started the way a user does (flags and AGL_* environment)."""
     port = free_port()
-    log = tmp_path_factory.mktemp("console") / "console.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGL_")}
     env.update({"AGL_LEDGER_ADDR": ledger.address, "AGL_KEY": KEY, "AGL_CONSOLE_KEY": VIEWER_KEY})
-    argv = [str(Path(sys.executable).parent / "agl-console"), "--port", str(port)]
+    argv = [str(Path(sys.executable).parent / "agl-console"), "--port", str(port), *args]
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -78,6 +78,12 @@ def console(ledger: ServiceProcess, tmp_path_factory: pytest.TempPathFactory) ->
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def console(ledger: ServiceProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+    with run_console(ledger, tmp_path_factory.mktemp("console") / "console.log") as started:
+        yield started
 
 
 @pytest.fixture(scope="module")

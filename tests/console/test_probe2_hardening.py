@@ -4,21 +4,17 @@ cookie and login (finding 10), and what a client that leaves mid-request writes 
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
-import subprocess
-import sys
 import time
 import urllib.parse
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.procs import free_port
+from tests.support.slow_clients import check_all_closed, fate
 
-from .conftest import KEY, VIEWER_KEY, Console, wait_http
+from .conftest import KEY, Console, run_console
 
 CAP = 40
 SILENT = 120
@@ -27,40 +23,15 @@ SILENT = 120
 @pytest.fixture(scope="module")
 def guarded(ledger, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     """A console of its own (its log is read by the tests), with short deadlines and a small connection cap."""
-    port = free_port()
     log = tmp_path_factory.mktemp("guarded-console") / "console.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGL_")}
-    env.update({"AGL_LEDGER_ADDR": ledger.address, "AGL_KEY": KEY, "AGL_CONSOLE_KEY": VIEWER_KEY})
-    argv = [str(Path(sys.executable).parent / "agl-console"), "--port", str(port)]
-    argv += ["--header-timeout", "1", "--body-timeout", "1", "--max-connections", str(CAP)]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{url}/readyz", proc, log)
-        yield Console(url, proc, log)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    args = ["--header-timeout", "1", "--body-timeout", "1", "--max-connections", str(CAP)]
+    with run_console(ledger, log, args) as started:
+        yield started
 
 
 def _host_port(url: str) -> tuple[str, int]:
     host, port = url.removeprefix("http://").rsplit(":", 1)
     return host, int(port)
-
-
-async def _fate(reader: asyncio.StreamReader, seconds: float) -> bytes | None:
-    """What the console answered before closing (b"" for a plain close), or None if the connection is still open."""
-    try:
-        return await asyncio.wait_for(reader.read(), seconds)
-    except TimeoutError:
-        return None
-    except ConnectionError:
-        return b""
 
 
 def _login(url: str, key: str, client: httpx.Client | None = None) -> httpx.Response:
@@ -88,17 +59,12 @@ async def test_silent_connections_neither_hold_the_console_nor_stay_open(guarded
             assert (await http.get(f"{guarded.url}/healthz")).status_code == 200
             assert time.monotonic() - started < 2
         started = time.monotonic()
-        fates = await asyncio.gather(*(_fate(reader, 6.0) for reader, _ in silent))
+        fates = await asyncio.gather(*(fate(reader, 6.0) for reader, _ in silent))
         assert time.monotonic() - started < 8
     finally:
         for _, writer in silent:
             writer.close()
-    still_open = sum(f is None for f in fates)
-    assert still_open == 0, f"{still_open} of {SILENT} silent connections still open"
-    answers = {f.split(b" ", 2)[1] for f in fates if f}
-    assert answers <= {b"408", b"503"}, answers
-    timed_out = next(f for f in fates if f and f.split(b" ", 2)[1] == b"408")
-    assert b"AGL_CONSOLE_HEADER_TIMEOUT" in timed_out
+    check_all_closed(fates, "AGL_CONSOLE_HEADER_TIMEOUT")
 
 
 async def test_a_body_that_never_completes_is_408_and_logs_one_line(guarded) -> None:
@@ -109,7 +75,7 @@ async def test_a_body_that_never_completes_is_408_and_logs_one_line(guarded) -> 
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(b"POST /login HTTP/1.1\r\nHost: a\r\nContent-Length: 1000\r\n\r\nkey=")
     try:
-        answer = await _fate(reader, 5.0)
+        answer = await fate(reader, 5.0)
     finally:
         writer.close()
     assert answer is not None and answer.startswith(b"HTTP/1.1 408"), answer
