@@ -2,12 +2,40 @@
 
 from __future__ import annotations
 
+import urllib.parse
+
 from services._gen.agl.v1 import model_pb2
 
 from .changes import Changes
 from .errors import InvalidArgument
 
 Key = tuple[str, str]
+
+_MAX_ENDPOINT = 2048
+
+
+def endpoint_problem(endpoint: str) -> str | None:
+    """Why `endpoint` cannot be a model server's base URL (None when it can): the proxy joins an API path to it and
+    logs it, so it must be an absolute http(s) URL of printable ASCII, with a host, a valid port, no query or
+    fragment. Checked when it is registered, so nothing unroutable (or that forges a log line) is ever stored."""
+    if len(endpoint) > _MAX_ENDPOINT:
+        return f"is longer than {_MAX_ENDPOINT} characters"
+    if any(not 0x21 <= ord(c) <= 0x7E for c in endpoint):
+        return "has a space, a control character or a non-ASCII character"
+    try:
+        parts = urllib.parse.urlsplit(endpoint)
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError as err:
+        return f"is not a URL ({err})"
+    if parts.scheme not in ("http", "https"):
+        return "is not an http:// or https:// URL"
+    if not parts.hostname:
+        return "has no host"
+    if not port_ok:
+        return "has port 0"
+    if parts.query or parts.fragment or endpoint.endswith(("?", "#")):
+        return "has a query or a fragment"
+    return None
 
 
 class ModelRegistry:
@@ -23,6 +51,13 @@ class ModelRegistry:
         for i, ep in enumerate(endpoints):
             if not ep.model_name or not ep.endpoint:
                 raise InvalidArgument(f"endpoints[{i}]: model_name and endpoint are required")
+            problem = endpoint_problem(ep.endpoint)
+            if problem:
+                shown = repr(ep.endpoint[:200]) + ("..." if len(ep.endpoint) > 200 else "")
+                raise InvalidArgument(
+                    f"endpoints[{i}].endpoint {shown} {problem}: want a model server's base URL such as "
+                    "http://10.0.0.5:8000/v1"
+                )
         stored = []
         for ep in endpoints:
             copy = model_pb2.ModelEndpoint()

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from services._gen.agl.v1 import ledger_service_pb2 as pb
-from services._gen.agl.v1 import ledger_service_pb2_grpc, rollout_pb2
+from services._gen.agl.v1 import ledger_service_pb2_grpc, model_pb2, rollout_pb2
 from tests.support.procs import start_ledger
 
 from .support import FAILED, QUEUING, RUNNING, expect_error, spec, update
@@ -98,3 +98,43 @@ async def test_a_policy_stored_before_the_bounds_still_retries_after_a_restart(t
             await update(stub, "old", RUNNING, attempt_id="a2")
             status = (await update(stub, "old", FAILED, failure_reason=KILLED, ending_attempt_id="a2")).status
             assert status.state == QUEUING and round(_wait_s(status)) == ONE_DAY
+
+
+# -- finding 11: registered endpoint URLs ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "http://127.0.0.1:9/v1\n2026-12-02 INFO services.proxy forged line",
+        "http://127.0.0.1:9/v1\r\n",
+        "http://a\x1b[2J:9/v1",
+        "http://a b/v1",
+        "127.0.0.1:8000/v1",
+        "ftp://a/v1",
+        "http:///v1",
+        "http://a:99999/v1",
+        "http://a:0/v1",
+        "http://a/v1?key=1",
+        "http://a/v1#x",
+        "http://é.example/v1",
+    ],
+)
+async def test_an_endpoint_that_is_not_an_http_url_is_refused_naming_it_and_nothing_is_stored(stub, uid, bad) -> None:
+    name = f"{uid}-model"
+    good = model_pb2.ModelEndpoint(model_name=name, endpoint="http://10.0.0.5:8000/v1", version=1)
+    wrong = model_pb2.ModelEndpoint(model_name=name, endpoint=bad, version=1)
+    request = pb.RegisterModelsRequest(endpoints=[good, wrong])
+    details = await expect_error(grpc.StatusCode.INVALID_ARGUMENT, stub.RegisterModels(request))
+    assert "endpoints[1].endpoint" in details and repr(bad) in details, details
+    assert not (await stub.ListModels(pb.ListModelsRequest(model_name=name))).endpoints  # the good one neither
+
+
+@pytest.mark.parametrize(
+    "url", ["http://e", "http://127.0.0.1:8000/v1", "https://engine.example/v1/", "http://[::1]:80"]
+)
+async def test_http_urls_are_registered(stub, uid, url: str) -> None:
+    name = f"{uid}-model"
+    endpoint = model_pb2.ModelEndpoint(model_name=name, endpoint=url, version=1)
+    await stub.RegisterModels(pb.RegisterModelsRequest(endpoints=[endpoint]))
+    assert [e.endpoint for e in (await stub.ListModels(pb.ListModelsRequest(model_name=name))).endpoints] == [url]
