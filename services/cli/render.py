@@ -11,6 +11,7 @@ from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.message import Message
 
 from services._gen.agl.v1 import event_pb2, rollout_pb2, run_pb2
+from services.printable import printable, terminal_text
 
 ROLLOUT_STATES = {"queuing": 1, "running": 2, "succeeded": 3, "failed": 4}
 RUN_STATES = {"running": 1, "succeeded": 2, "failed": 3}
@@ -63,7 +64,7 @@ def dumps(value: Any) -> str:
 
 
 def single_line(text: str, limit: int = 80) -> str:
-    text = " ".join(text.split())
+    text = printable(" ".join(text.split()))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -82,14 +83,15 @@ def _content(content: Any) -> str:
 
 
 def _message_lines(message: dict[str, Any]) -> list[str]:
-    role = message.get("role", "?")
+    role = printable(str(message.get("role", "?")))
     if role == "tool":
-        role = f"tool[{message.get('tool_call_id', '')}]"
+        role = f"tool[{printable(str(message.get('tool_call_id', '')))}]"
     text = _content(message.get("content")).splitlines() or [""]
     lines = [f"  {role}: {line}" if i == 0 else f"    {line}" for i, line in enumerate(text)]
     for call in message.get("tool_calls") or []:
         fn = call.get("function", {})
-        lines.append(f"    -> tool call {call.get('id', '')}: {fn.get('name', '?')}({fn.get('arguments', '')})")
+        called = f"{call.get('id', '')}: {fn.get('name', '?')}({fn.get('arguments', '')})"
+        lines.append(f"    -> tool call {printable(called)}")
     return lines
 
 
@@ -111,7 +113,9 @@ def _reply(response: Any, api: str) -> dict[str, Any] | None:
 
 
 def conversation(rollout: rollout_pb2.Rollout, events: Sequence[event_pb2.Event], tokens: bool = False) -> str:
-    """The rollout as readable text: header, input, each model call (new messages only), rewards, others."""
+    """The rollout as readable text: header, input, each model call (new messages only), rewards, others. What the
+    agent or the model wrote is escaped (printable): one-line fields stay on their line, and nothing acts on the
+    terminal."""
     status = rollout.status
     lines = [f"rollout {rollout.rollout_id}  {rollout_state(status.state)}  attempt {status.attempt_id or '-'}"]
     duration = seconds_between(status.start_time, status.end_time)
@@ -120,10 +124,10 @@ def conversation(rollout: rollout_pb2.Rollout, events: Sequence[event_pb2.Event]
         + (f"  ({duration:.2f}s)" if duration is not None else "")
     )
     if rollout.metadata.labels:
-        lines.append("labels " + " ".join(f"{k}={v}" for k, v in sorted(rollout.metadata.labels.items())))
+        lines.append("labels " + printable(" ".join(f"{k}={v}" for k, v in sorted(rollout.metadata.labels.items()))))
     if status.error_message:
-        lines.append(f"error: {status.error_message}")
-    lines.append(f"input: {rollout.input_json}")
+        lines.append(f"error: {printable(status.error_message)}")
+    lines.append(f"input: {printable(rollout.input_json)}")
     shown = 0  # messages of the conversation printed so far (requests' messages plus replies)
     calls = 0
     for event in events:
@@ -135,10 +139,10 @@ def conversation(rollout: rollout_pb2.Rollout, events: Sequence[event_pb2.Event]
             prompt_n = usage.prompt_tokens or len(mr.prompt_token_ids)
             response_n = usage.completion_tokens or len(mr.response_token_ids)
             lines.append(
-                f"-- call {calls}: {mr.model or '?'} v{mr.model_version}  {prompt_n} prompt + {response_n} response "
-                f"tokens  {mr.latency_seconds:.2f}s  http {mr.http_status}"
+                f"-- call {calls}: {printable(mr.model) or '?'} v{mr.model_version}  {prompt_n} prompt + {response_n} "
+                f"response tokens  {mr.latency_seconds:.2f}s  http {mr.http_status}"
                 + (f"  retries {mr.retry_count}" if mr.retry_count else "")
-                + (f"  finish {mr.finish_reason}" if mr.finish_reason else "")
+                + (f"  finish {printable(mr.finish_reason)}" if mr.finish_reason else "")
             )
             request = _loads(mr.request_json) or {}
             messages = request.get("messages") if isinstance(request, dict) else None
@@ -164,13 +168,13 @@ def conversation(rollout: rollout_pb2.Rollout, events: Sequence[event_pb2.Event]
         elif kind == "reward":
             reward = event.reward
             extra = ", ".join(x for x in (reward.source, reward.reason, reward.message) if x)
-            lines.append(f"-- reward {number(reward.value)}" + (f" ({extra})" if extra else ""))
+            lines.append(f"-- reward {number(reward.value)}" + (f" ({printable(extra)})" if extra else ""))
         else:
             body = event.data_json if kind == "data_json" else ""
-            lines.append(f"-- {event.event_type}: {single_line(body, 200)}")
+            lines.append(f"-- {printable(event.event_type)}: {single_line(body, 200)}")
     if not events:
         lines.append("(no events)")
-    return "\n".join(lines)
+    return terminal_text("\n".join(lines))
 
 
 def reward_of(events: Iterable[event_pb2.Event]) -> float | None:

@@ -26,6 +26,7 @@ import grpc
 from services._gen.agl.v1 import ledger_service_pb2 as pb
 from services._gen.agl.v1 import rollout_pb2
 from services.client import LedgerClient, LedgerError, backoff_s
+from services.printable import printable
 
 from .lease_keeper import Lease, LeaseKeeper, stopped_heartbeating
 from .metrics import ControllerMetrics
@@ -313,7 +314,7 @@ class Controller:
                 self._offer_later(rollout)
             return
         self._metrics.failed.labels(INVALID_CONFIG).inc()
-        log.info("rollout %s: failed before launch: %s", rollout_id, reason)
+        log.info("rollout %s: failed before launch: %s", rollout_id, printable(reason))
 
     async def _run(self, plan: LaunchPlan, rollout: rollout_pb2.Rollout) -> None:
         def on_launched() -> None:
@@ -383,11 +384,11 @@ class Controller:
             self._metrics.retried.labels(reason).inc()
             log.info(
                 "rollout %s: attempt %s (#%d) failed: %s; queued for attempt %d",
-                rollout_id, attempt_id, number, outcome.reason, len(rollout.status.attempts) + 1,
+                rollout_id, attempt_id, number, printable(outcome.reason), len(rollout.status.attempts) + 1,
             )  # fmt: skip
         else:
             self._metrics.failed.labels(reason).inc()
-            log.info("rollout %s: failed (attempt %s): %s", rollout_id, attempt_id, outcome.reason)
+            log.info("rollout %s: failed (attempt %s): %s", rollout_id, attempt_id, printable(outcome.reason))
 
     async def _already(self, rollout_id: str, attempt_id: str, state: int) -> rollout_pb2.Rollout | None:
         """The rollout when the attempt's end was recorded already (an earlier try applied), else None."""

@@ -296,7 +296,14 @@ def create_app(config: ProxyConfig) -> Starlette:
 
     async def note_refusal(rollout_id: str, attempt_id: str, err: ProxyError, body: Any) -> None:
         """The first refused event of an attempt is stored on the rollout as a warning (best effort)."""
-        log.info("rollout %s attempt %s: event refused (%d %s): %s", rollout_id, attempt_id, err.status, err.kind, err)
+        log.info(
+            "rollout %s attempt %s: event refused (%d %s): %s",
+            rollout_id,
+            attempt_id,
+            err.status,
+            err.kind,
+            printable(str(err)),
+        )
         if (rollout_id, attempt_id) in proxy.refusals_noted:
             return
         proxy.refusals_noted[(rollout_id, attempt_id)] = None
@@ -364,7 +371,8 @@ def create_app(config: ProxyConfig) -> Starlette:
     def note_error(request: Request, exc: ProxyError) -> None:
         proxy.metrics.rejected.labels(exc.kind).inc()
         if exc.status >= 500:
-            log.warning("%s %s -> %d %s", request.method, request.url.path, exc.status, exc.message)
+            path, message = printable(request.url.path), printable(exc.message)
+            log.warning("%s %s -> %d %s", request.method, path, exc.status, message)
 
     async def proxy_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ProxyError)

@@ -26,6 +26,7 @@ import grpc
 
 from services._gen.agl.v1 import event_pb2, ledger_service_pb2, rollout_pb2
 from services.client import LedgerClient
+from services.printable import printable
 
 from .errors import ProxyError, ledger_error
 from .routing import Endpoint, RoutingTable
@@ -186,5 +187,5 @@ class LedgerGateway:
                 table.model_name,
                 len(endpoints),
                 message.revision,
-                ", ".join(f"{e.url}@v{e.version}" for e in table.endpoints) or "none",
+                printable(", ".join(f"{e.url}@v{e.version}" for e in table.endpoints)) or "none",
             )
