@@ -62,6 +62,15 @@ async def test_agents_leaving_or_timing_out_are_one_line_each_with_the_rollout(q
         await asyncio.sleep(2.0)
     finally:
         set_engine(engine, delay_ms=0)
+    # 4. The agent leaves in the middle of a streamed answer.
+    streamed = await new_rollout(client)
+    reader, writer = await _connect(quick_proxy)
+    body = json.dumps({**CHAT, "stream": True, "max_tokens": 8, "standin": {"chunk_delay_ms": 300}}).encode()
+    path = base_url(quick_proxy, streamed).removeprefix(quick_proxy.url) + "/chat/completions"
+    writer.write(_head(path, len(body)) + body)
+    assert (await asyncio.wait_for(reader.readuntil(b"data: "), 10)).startswith(b"HTTP/1.1 200")
+    writer.close()
+    await asyncio.sleep(3.0)
     log = quick_proxy.process.log_text()[start:]
     assert "Traceback" not in log and "Exception in ASGI" not in log, log
     lines = log.splitlines()
