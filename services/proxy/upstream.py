@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from services.printable import printable
+
 from .engine_pool import EnginePool
 from .errors import ProxyError
 from .retry import RetryPolicy, parse_retry_after
@@ -116,9 +118,9 @@ class Upstream:
             last = attempt == attempts - 1
             retry_after: float | None = None
             error: ProxyError | None = None
-            request = self._request(endpoint.url, path, content)
             response: httpx.Response | None = None
             try:
+                request = self._request(endpoint.url, path, content)
                 response = await self.client.send(request, stream=True)
                 status = response.status_code
                 if not (stream and status < 300):
@@ -130,6 +132,10 @@ class Upstream:
             except httpx.TimeoutException as err:
                 error = ProxyError("upstream_timeout", f"The engine at {endpoint.url} timed out: {type(err).__name__}.")
                 what = type(err).__name__
+            except httpx.InvalidURL as err:  # stored before the ledger checked URLs: one failed try, as a dead engine
+                shown = printable(endpoint.url)
+                error = ProxyError("upstream_unreachable", f"The engine URL {shown} is not a usable URL: {err}")
+                what = "InvalidURL"
             except httpx.TransportError as err:
                 error = ProxyError(
                     "upstream_unreachable", f"The engine at {endpoint.url} failed: {type(err).__name__}: {err}"

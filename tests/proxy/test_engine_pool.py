@@ -394,3 +394,25 @@ async def test_answered_calls_leave_no_cycles_for_the_garbage_collector() -> Non
             gc.set_debug(0)
             gc.garbage.clear()
         assert left == []
+
+
+@pytest.mark.parametrize("bad", ["http://a:1/v1\n", "http://a:1/v1\r\nX-Injected: 1", "http://[::1/v1"])
+async def test_an_unroutable_endpoint_url_fails_over_to_the_next_endpoint(bad: str) -> None:
+    """Issue 30 finding 11: an endpoint whose URL cannot be used (stored before the ledger checked URLs) is one
+    failed try, like an unreachable engine: the call goes to the next endpoint instead of being a 500."""
+
+    async def ok(seen: Seen, out: asyncio.StreamWriter) -> None:
+        out.write(answer(200, b"{}"))
+
+    async with Engine(ok) as engine:
+        up = Upstream(RetryPolicy(attempts=2), max_connections=4, connect_timeout_s=1.0, read_timeout_s=1.0)
+        try:
+            endpoints = [Endpoint(bad), Endpoint(engine.url + "/v1")]
+            result = await up.call(endpoints, "/chat/completions", b"{}", stream=False, rollout_id="r")
+            assert result.response is not None and result.response.status_code == 200
+            assert result.endpoint.url == engine.url + "/v1" and result.retries == 1
+            alone = await up.call(endpoints[:1], "/chat/completions", b"{}", stream=False, rollout_id="r")
+            assert alone.error is not None and alone.error.kind == "upstream_unreachable", alone
+            assert "not a usable URL" in alone.error.message and "\n" not in alone.error.message, alone.error.message
+        finally:
+            await up.close()
