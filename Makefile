@@ -125,8 +125,9 @@ demo:
 	@$(MAKE) --no-print-directory -j$(JOBS) $(VENV)/.installed-dev $(ENGINE_VENV)/.installed-engine
 	$(PY) tools/demo.py $(ARGS)
 
+# --durations: CI's log names the slowest tests (its 90-minute limit is the budget they share).
 test: venvs
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=40
 
 # Static checks CI runs before the tests: generated code fresh, buf lint, ruff.
 check: check-protos lint
