@@ -4,7 +4,8 @@ NOT_SERVING, for the whole server ("") and for agl.v1.LedgerService alike:
 - from the moment the store fails (a commit refused, e.g. a full disk), before any caller hears that its write
   failed; the ledger then shuts down, and a restart once the cause is fixed reloads the file;
 - while the write being committed has waited longer than `stall_s` (the SQLite file locked by another process,
-  a disk that does not answer); SERVING again as soon as it commits.
+  for however long: the store tries the write again until the lock is released; a disk that does not answer);
+  SERVING again as soon as it commits.
 The check is a look at two numbers the store keeps, every `interval_s`. Liveness is the service name "liveness": SERVING
 for as long as the server answers, whatever the store does (a slow disk is a reason to stop routing, not to restart).
 """

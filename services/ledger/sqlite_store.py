@@ -87,16 +87,32 @@ _SQL = {
 # At most this many writes go into one transaction (bounds the latency of a single commit).
 MAX_BATCH = 4096
 
+# The writer's wait for another process's lock, per try. A locked file is not a failure: the writer tries the same
+# transaction again until the lock is released (health says NOT_SERVING meanwhile), and a try this short lets a
+# shutdown stop it within a second.
+WRITER_BUSY_TIMEOUT_MS = 1000
+# How often a write still waiting on the lock is logged again.
+LOCKED_LOG_EVERY_S = 30.0
+_BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
-def _connect(path: Path) -> sqlite3.Connection:
+
+def _connect(path: Path, *, busy_timeout_ms: int = 10000) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     # Takes effect only when the file is created. A ~3 KB event fills most of a 4 KiB page, and WAL writes one
     # frame (one write call) per page; 16 KiB pages cut the writer thread's CPU per event by about a fifth.
     conn.execute("PRAGMA page_size=16384")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("PRAGMA busy_timeout=10000")
+    conn.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
     return conn
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    """The file is locked by another connection (SQLITE_BUSY / SQLITE_LOCKED, extended codes included)."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is None:
+        return "database is locked" in str(exc) or "database table is locked" in str(exc)
+    return code & 0xFF in _BUSY_CODES
 
 
 class SqliteStore(Store):
@@ -114,6 +130,7 @@ class SqliteStore(Store):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._failed: BaseException | None = None
         self._commit_started = 0.0  # monotonic time the writer thread began its current commit; 0.0: idle
+        self._closing = False  # set by close(): a write waiting on another process's lock stops trying
         self._thread = threading.Thread(target=self._writer, name="ledger-sqlite-writer", daemon=True)
         self._thread.start()
 
@@ -201,6 +218,7 @@ class SqliteStore(Store):
         return self._reader.execute(sql + " ORDER BY seq", args).fetchall()
 
     async def close(self) -> None:
+        self._closing = True
         if self._thread.is_alive():
             self._queue.put(None)
             await asyncio.to_thread(self._thread.join)
@@ -211,7 +229,7 @@ class SqliteStore(Store):
     # -- writer thread -------------------------------------------------------------------------------------------
 
     def _writer(self) -> None:
-        conn = _connect(self._path)
+        conn = _connect(self._path, busy_timeout_ms=WRITER_BUSY_TIMEOUT_MS)
         try:
             while True:
                 item = self._queue.get()
@@ -228,7 +246,7 @@ class SqliteStore(Store):
                         stop = True
                         break
                     batch.append(more)
-                self._commit(conn, batch)
+                self._commit_until_done(conn, batch)
                 if stop:
                     break
         except BaseException as exc:
@@ -240,9 +258,41 @@ class SqliteStore(Store):
         finally:
             conn.close()
 
+    def _commit_until_done(self, conn: sqlite3.Connection, batch: list[tuple[int, list[Op]]]) -> None:
+        """Commit `batch`, trying again for as long as another process holds the file's lock (not acknowledged
+        meanwhile); any other error, or a lock still held when the store closes, fails the store."""
+        self._commit_started = time.monotonic()
+        logged_at = 0.0
+        try:
+            while True:
+                try:
+                    self._commit(conn, batch)
+                    break
+                except sqlite3.OperationalError as exc:
+                    if not _is_busy(exc):
+                        raise
+                    waited = time.monotonic() - self._commit_started
+                    if self._closing:
+                        raise Unavailable(
+                            f"the file was still locked by another process at shutdown ({len(batch)} writes waited "
+                            f"{waited:.1f}s, not committed)"
+                        ) from exc
+                    if not logged_at or time.monotonic() - logged_at >= LOCKED_LOG_EVERY_S:
+                        logged_at = time.monotonic()
+                        log.warning(
+                            "sqlite store %s is locked by another process: %d writes have waited %.1fs; trying "
+                            "again until the lock is released (%s)", self._path, len(batch), waited, exc,
+                        )  # fmt: skip
+            if logged_at:
+                log.info(
+                    "sqlite store %s: the lock was released, %d writes committed after %.1fs",
+                    self._path, len(batch), time.monotonic() - self._commit_started,
+                )  # fmt: skip
+        finally:
+            self._commit_started = 0.0
+
     def _commit(self, conn: sqlite3.Connection, batch: list[tuple[int, list[Op]]]) -> None:
         started = time.perf_counter()
-        self._commit_started = time.monotonic()
         conn.execute("BEGIN")
         try:
             ops = [op for _lsn, item_ops in batch for op in item_ops]
@@ -255,8 +305,6 @@ class SqliteStore(Store):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        finally:
-            self._commit_started = 0.0
         elapsed = time.perf_counter() - started
         loop = self._loop
         if loop is not None and not loop.is_closed():

@@ -7,6 +7,7 @@ full disk (the ledger's file-size limit, as in tests/faults/test_disk_full.py: t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import resource
 import sqlite3
@@ -82,6 +83,72 @@ async def test_health_is_not_serving_while_the_sqlite_file_is_locked_and_serving
         log = ledger.log_text()
     assert "NOT_SERVING: a write has waited" in log and "SERVING again" in log, log
     print(f"locked store: NOT_SERVING {down_s:.2f}s after the lock, SERVING {up_s:.2f}s after it was released")
+
+
+async def test_a_lock_held_past_sqlites_busy_timeout_is_waited_out_not_a_stop(tmp_path: Path) -> None:
+    """Issue 30 finding 4: a lock held longer than SQLite's 10 s busy timeout stopped the ledger (exit 1, its
+    writes failed). The writer now tries the same transaction again until the lock is released."""
+    db = tmp_path / "ledger.db"
+    args = ["--store-stall-seconds", "0.5"]
+    with start_ledger(store=f"sqlite:{db}", key=KEY, extra_args=args) as ledger:
+        async with LedgerClient(ledger.address, KEY) as client:
+            await start_rollout(client, "ro-long-lock")
+            other = sqlite3.connect(db, isolation_level=None)
+            other.execute("BEGIN IMMEDIATE")
+            try:
+                append = asyncio.create_task(client.append_events([note("ro-long-lock", 1)], timeout_s=60))
+                await wait_status(ledger.address, NOT_SERVING)
+                await asyncio.sleep(11.5)  # past the old 10 s
+                assert ledger.alive(), ledger.log_text()
+                assert not append.done()
+                assert await check(ledger.address, "liveness") == SERVING
+            finally:
+                other.execute("ROLLBACK")
+                other.close()
+            await asyncio.wait_for(append, 15)
+            await wait_status(ledger.address, SERVING)
+            # Writes after it go through as usual.
+            await client.append_events([note("ro-long-lock", 2)], timeout_s=10)
+            stored = await client.list_events("ro-long-lock", event_type="note")
+        assert [json.loads(e.data_json)["i"] for e in stored] == [1, 2]
+        log = ledger.log_text()
+    assert "is locked by another process" in log and "the lock was released" in log, log
+    assert "refusing further writes" not in log, log
+
+
+async def test_a_shutdown_while_the_file_is_locked_stops_within_its_grace_and_refuses_the_waiting_write(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "ledger.db"
+    args = ["--store-stall-seconds", "0.5", "--grace-seconds", "1"]
+    with start_ledger(store=f"sqlite:{db}", key=KEY, extra_args=args) as ledger:
+        async with LedgerClient(ledger.address, KEY, retry=RetryPolicy(attempts=1)) as client:
+            await start_rollout(client, "ro-lock-stop")
+            await client.append_events([note("ro-lock-stop", 0)])
+            other = sqlite3.connect(db, isolation_level=None)
+            other.execute("BEGIN IMMEDIATE")
+            try:
+                append = asyncio.create_task(client.append_events([note("ro-lock-stop", 1)], timeout_s=60))
+                await wait_status(ledger.address, NOT_SERVING)
+                stopping = time.monotonic()
+                ledger.proc.terminate()
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await asyncio.wait_for(append, 15)
+                await asyncio.to_thread(ledger.proc.wait, 15)
+                stop_s = time.monotonic() - stopping
+            finally:
+                other.execute("ROLLBACK")
+                other.close()
+        assert append.exception() is not None  # never acknowledged: it was not stored
+        log = ledger.log_text()
+    assert stop_s < 1 + 5, (stop_s, log)
+    assert "still locked by another process at shutdown" in log, log
+    # The file holds what was acknowledged, and nothing else.
+    with start_ledger(store=f"sqlite:{db}", key=KEY) as ledger:
+        async with LedgerClient(ledger.address, KEY) as client:
+            stored = await client.list_events("ro-lock-stop", event_type="note")
+    assert [json.loads(e.data_json)["i"] for e in stored] == [0]
+    print(f"shutdown with the file locked: stopped in {stop_s:.2f}s")
 
 
 async def test_health_is_not_serving_once_a_full_disk_fails_the_store(tmp_path: Path) -> None:
