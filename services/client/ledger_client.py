@@ -459,6 +459,7 @@ class LedgerClient(RunMethods):
         observed_generation: int,
         ttl_seconds: float = 15.0,
         leaving: bool = False,
+        timeout_s: float | None = None,
     ) -> proxy_control_pb2.ProxyControl:
         request = ledger_service_pb2.ReportProxyReplicaRequest(
             replica_id=replica_id,
@@ -467,7 +468,7 @@ class LedgerClient(RunMethods):
             ttl_seconds=ttl_seconds,
             leaving=leaving,
         )
-        return (await self._unary("ReportProxyReplica", request)).control
+        return (await self._unary("ReportProxyReplica", request, timeout_s)).control
 
     async def get_proxy_control(self) -> proxy_control_pb2.ProxyControl:
         return (await self._unary("GetProxyControl", ledger_service_pb2.GetProxyControlRequest())).control

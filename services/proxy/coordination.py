@@ -32,6 +32,12 @@ log = logging.getLogger(__name__)
 _DRAIN_POLL_S = 0.05
 
 
+def report_timeout_s(heartbeat_s: float) -> float:
+    """The deadline of one heartbeat report: /readyz turns 503 at most a heartbeat plus this after the ledger's
+    last answer (1.5 heartbeats, at least 1 s: 3 s with the default 2 s heartbeat)."""
+    return max(1.0, 1.5 * heartbeat_s)
+
+
 class Coordinator:
     def __init__(
         self,
@@ -46,6 +52,9 @@ class Coordinator:
         self.readiness = readiness or Readiness(client.address)
         self.replica_id = replica_id
         self.heartbeat_s = heartbeat_s
+        # A report is a small call: one the ledger has not answered in this long means a ledger that hangs (stopped,
+        # swapping, its loop blocked), and /readyz says so then, not after the client's whole call timeout.
+        self.report_timeout_s = report_timeout_s(heartbeat_s)
         self.ttl_s = ttl_s
         self.metrics = metrics
         self.in_flight = 0
@@ -121,7 +130,7 @@ class Coordinator:
         while True:
             try:
                 control = await self.client.report_proxy_replica(
-                    self.replica_id, self.in_flight, self.generation, self.ttl_s
+                    self.replica_id, self.in_flight, self.generation, self.ttl_s, timeout_s=self.report_timeout_s
                 )
                 self.readiness.succeeded()
                 self.apply(control)

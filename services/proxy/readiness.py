@@ -3,7 +3,8 @@
 Liveness (/healthz) only says the process answers. Readiness says the proxy can do its work: its last contact with
 the ledger succeeded and it has seen the model registry. Every background call to the ledger (heartbeat, the models
 and control streams) reports here, so a ledger that goes away or starts refusing the key turns /readyz to 503 within
-one heartbeat, and back to 200 on the next success. A refused key is logged once per change of state, as one line
+one heartbeat, one that hangs within a heartbeat and the report's deadline (coordination.report_timeout_s), and back
+to 200 on the next success. A refused key is logged once per change of state, as one line
 that says what to fix, not as a traceback per retry.
 """
 

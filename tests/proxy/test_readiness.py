@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -57,6 +59,27 @@ def test_readyz_follows_the_ledger_while_healthz_stays_cheap(tmp_path: Path) -> 
             wait_ready_state(proxy.url, 200, timeout_s=30)
             back_s = time.monotonic() - started
         print(f"readyz: 503 {down_s:.1f}s after the ledger died, 200 {back_s:.1f}s after it came back")
+
+
+def test_readyz_turns_503_soon_after_the_ledger_hangs_and_200_once_it_answers() -> None:
+    """Issue 30 finding 16: a stopped (SIGSTOP) ledger answers nothing and refuses nothing; /readyz stayed 200 for
+    the client's whole 10 s call timeout. A report now has a deadline of 1.5 heartbeats (0.75 s here, at least 1 s)."""
+    with start_ledger(key=KEY) as ledger, run_proxy(ledger.address) as proxy:
+        wait_ready_state(proxy.url, 200)
+        os.kill(ledger.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            body = wait_ready_state(proxy.url, 503, timeout_s=30)
+            down_s = time.monotonic() - started
+            assert body["ledger"] == "ledger_unreachable" and "DEADLINE_EXCEEDED" in body["reason"], body
+        finally:
+            os.kill(ledger.proc.pid, signal.SIGCONT)
+        started = time.monotonic()
+        wait_ready_state(proxy.url, 200, timeout_s=30)
+        back_s = time.monotonic() - started
+    # A heartbeat (0.5 s) + the report's deadline (1 s), with room for a busy machine; the old bound was >= 10 s.
+    assert down_s < 6.0, down_s
+    print(f"hung ledger: /readyz 503 after {down_s:.1f}s, 200 {back_s:.1f}s after it resumed")
 
 
 def test_ledger_that_starts_refusing_the_key_is_one_line_and_not_ready(tmp_path: Path) -> None:
