@@ -10,6 +10,10 @@ handle, and a place in the server, for good; enough of them leave nothing for re
 - connection cap: above it, a new connection first displaces the connection that has waited longest without a
   request in progress (idle keep-alive or an unfinished head); when none can go, the new one gets 503 with
   `Retry-After` and is closed at once, so the server never runs out of file handles.
+- trusted connections: one on which the app has accepted a caller's key (`trust_connection(scope)`: an agent's
+  token, the master key, a console session) is displaced only when no other connection is left to displace, so a
+  flood of connections that never authenticate pushes out each other, not the agents' idle keep-alive ones; while
+  such connections are present but too young to displace, a new connection gets the 503.
 
 Coalescing: uvicorn writes a response's status line and headers, then its body, as two transport writes, and the
 event loop sends each at once: two send() calls and two wake-ups of the client per answer. On loopback in a VM
@@ -33,6 +37,16 @@ log = logging.getLogger(__name__)
 
 # File handles kept for everything but client and upstream connections (the ledger channel, logs, the loop).
 _RESERVED_FILES = 64
+# The ASGI scope extension (scope["extensions"]) through which the app marks a connection trusted.
+TRUST_EXTENSION = "agl.trust_connection"
+
+
+def trust_connection(scope: Any) -> None:
+    """The app accepted this request's key: its connection is kept over ones that never authenticated (a no-op
+    under another server)."""
+    mark = scope.get("extensions", {}).get(TRUST_EXTENSION)
+    if mark is not None:
+        mark()
 
 
 @dataclass(frozen=True)
@@ -200,19 +214,24 @@ class ConnectionGuard:
         if len(self.connections) <= self.limits.max_connections:
             return True
         live = 0
-        oldest: GuardedHttpToolsProtocol | None = None
+        untrusted = False  # a connection that never authenticated is open (waiting or not)
+        oldest: dict[bool, GuardedHttpToolsProtocol] = {}  # trusted or not -> the one waiting longest
         for connection in self.connections:
             if connection is new or connection.transport is None or connection.transport.is_closing():
                 continue
             live += 1
+            trusted = connection.agl_trusted
+            untrusted = untrusted or not trusted
             since = connection.agl_waiting_since
-            if since is not None and (oldest is None or since < oldest.agl_waiting_since):  # type: ignore[operator]
-                oldest = connection
+            if since is not None and (trusted not in oldest or since < oldest[trusted].agl_waiting_since):  # type: ignore[operator]
+                oldest[trusted] = connection
         if live < self.limits.max_connections:
             return True
-        if oldest is not None and self.loop.time() - oldest.agl_waiting_since >= self.limits.displace_after_s:  # type: ignore[operator]
+        # Untrusted first; a trusted one only when every open connection is trusted.
+        candidate = oldest.get(False) or (None if untrusted else oldest.get(True))
+        if candidate is not None and self.loop.time() - candidate.agl_waiting_since >= self.limits.displace_after_s:  # type: ignore[operator]
             self.displaced += 1
-            oldest.agl_expire()
+            candidate.agl_expire()
             return True
         self.refused += 1
         return False
@@ -235,6 +254,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # for a request (None while one is being read or answered).
     agl_deadline: float = 0.0
     agl_waiting_since: float | None = None
+    # The app accepted a key on this connection (trust_connection): displaced last.
+    agl_trusted: bool = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, self.loop))
@@ -253,6 +274,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope["extensions"] = {TRUST_EXTENSION: self._agl_trust}  # type: ignore[typeddict-unknown-key]
         if self.agl_waiting_since is not None and self.agl_deadline == 0.0:  # idle keep-alive -> a new head
             now = self.loop.time()
             self.agl_waiting_since = now
@@ -273,6 +295,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if not pipelined:
             self.agl_waiting_since = self.loop.time()  # idle: uvicorn's keep-alive timer closes it in time
+
+    def _agl_trust(self) -> None:
+        self.agl_trusted = True
 
     def agl_expire(self) -> None:
         """A deadline passed (or the connection is displaced): 408 unless an answer has begun, then close."""

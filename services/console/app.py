@@ -21,12 +21,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from services import http_serving
 from services.client import LedgerClient, RetryPolicy
 from services.printable import printable
 
 from . import pages
 from .auth import COOKIE, SESSION_TTL_S, LoginThrottle, Sessions
 from .config import ConsoleConfig
+from .ledger_check import LedgerCheck
 from .mirror import Mirror
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,7 @@ _templates.filters["num"] = _number
 def create_app(config: ConsoleConfig, client: LedgerClient | None = None) -> Starlette:
     client = client or LedgerClient(config.ledger, config.key, retry=RetryPolicy(attempts=3))
     mirror = Mirror(client)
+    mirror.check = LedgerCheck(config.ledger, config.key, config.ledger_check_s, mirror.ledger_changed)
     sessions = Sessions(config.key, config.console_key)
     throttle = LoginThrottle()
 
@@ -77,12 +80,16 @@ def create_app(config: ConsoleConfig, client: LedgerClient | None = None) -> Sta
         context.setdefault("fragment", request.headers.get(FRAGMENT_HEADER) == "1")
         context.setdefault("counts", mirror.count_by_state())
         context.setdefault("watch_error", mirror.error)
+        context.setdefault("ledger_problem", mirror.ledger_problem())
         context.setdefault("path", request.url.path)
         html = _templates.get_template(name).render(**context)
         return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
 
     def signed_in(request: Request) -> bool:
-        return sessions.role(request.cookies.get(COOKIE)) is not None
+        if sessions.role(request.cookies.get(COOKIE)) is None:
+            return False
+        http_serving.trust_connection(request.scope)  # a signed-in browser's connections outlast anonymous ones
+        return True
 
     def to_login(request: Request) -> Response:
         if request.headers.get(FRAGMENT_HEADER) == "1":

@@ -19,6 +19,7 @@ class ConsoleConfig:
     header_timeout_s: float = 10.0  # a request head must arrive within this (408 otherwise)
     body_timeout_s: float = 30.0  # and its body within this after the head
     max_connections: int = 512  # connections served at once (open pages hold one each for their event stream)
+    ledger_check_s: float = 5.0  # one cheap call to the ledger this often: the pages say when it does not answer
     log_level: str = "INFO"
 
     @property
@@ -47,6 +48,9 @@ SETTINGS = st.Settings(
                    name="body_timeout_s"),
         st.Setting("--max-connections", "AGL_CONSOLE_MAX_CONNECTIONS", st.integer(1), _D.max_connections,
                    "connections served at once; above it the longest-waiting idle one is closed, or 503"),
+        st.Setting("--ledger-check-seconds", "AGL_CONSOLE_LEDGER_CHECK_SECONDS", st.seconds(low=0.5, high=3600),
+                   _D.ledger_check_s, "seconds between the console's checks that the ledger answers (each with a "
+                   "deadline of 0.6 of it, at least 1 s); the pages say when it does not", name="ledger_check_s"),
         st.Setting("--log-level", "AGL_LOG_LEVEL", st.log_level(), _D.log_level),
     ],
 )  # fmt: skip

@@ -3,7 +3,8 @@
 One WatchRollouts (every state), one WatchRuns (runs only), WatchModels and WatchProxyControl feed an
 in-memory mirror; pages render from it, and every change is offered to the open browsers' server-sent-event
 queues as a small notice naming its topics ("rollouts", "rollout:ID", "runs", "run:ID", "models", "proxy").
-At idle the console holds four open streams and sends the ledger nothing. A browser queue that fills is
+At idle the console holds four open streams and sends the ledger one cheap call every few seconds (ledger_check: a
+hung ledger sends nothing either). A browser queue that fills is
 dropped (its page reconnects and re-renders).
 """
 
@@ -22,6 +23,8 @@ from services._gen.agl.v1 import ledger_service_pb2 as pb
 from services._gen.agl.v1 import model_pb2, proxy_control_pb2, rollout_pb2, run_pb2
 from services.client import LedgerClient
 
+from .ledger_check import LedgerCheck
+
 log = logging.getLogger(__name__)
 
 Notice = dict[str, Any]
@@ -31,6 +34,7 @@ QUEUE_LIMIT = 1000
 class Mirror:
     def __init__(self, client: LedgerClient) -> None:
         self.client = client
+        self.check: LedgerCheck | None = None  # set before start(); it reports to ledger_changed
         self.rollouts: dict[str, rollout_pb2.Rollout] = {}
         self.counts: collections.Counter[int] = collections.Counter()
         self.runs: dict[str, run_pb2.Run] = {}
@@ -51,6 +55,8 @@ class Mirror:
             ("proxy", self._follow_proxy),
         ):
             self._tasks.append(asyncio.create_task(self._forever(name, feed), name=f"console-watch-{name}"))
+        if self.check is not None:
+            self._tasks.append(asyncio.create_task(self.check.run(), name="console-ledger-check"))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -58,7 +64,17 @@ class Mirror:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.check is not None:
+            await self.check.close()
         self.end_streams()
+
+    def ledger_problem(self) -> str:
+        """What the pages say about the ledger: "" while it answers the console's checks."""
+        return self.check.problem() if self.check is not None else ""
+
+    def ledger_changed(self) -> None:
+        """The ledger check changed state: every open page shows, or stops showing, its line."""
+        self._notify({"topics": ["ledger"]})
 
     def end_streams(self) -> None:
         """End every open browser event stream (shutdown: the pages reconnect to whoever serves next)."""

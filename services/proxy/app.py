@@ -230,6 +230,7 @@ def create_app(config: ProxyConfig) -> Starlette:
         rollout_id, attempt_id = params["rollout_id"], params["attempt_id"]
         presented = presented_key(request.headers)
         proxy.auth.require_rollout(presented, rollout_id, attempt_id)
+        serving.trust_connection(request.scope)
         if attempt_id == V1_ATTEMPT and proxy.auth.is_master(presented):
             attempt_id = await proxy.gateway.v1_attempt(rollout_id)
         return rollout_id, attempt_id
@@ -336,6 +337,7 @@ def create_app(config: ProxyConfig) -> Starlette:
 
     async def admin_body(request: Request) -> dict[str, Any]:
         proxy.auth.require_master(presented_key(request.headers))
+        serving.trust_connection(request.scope)
         raw = await _read_body(request, 64 * 1024)
         return parse_body(raw) if raw.strip() else {}
 

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from services import http_serving
 from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
 from services.client import LedgerClient
 
@@ -137,6 +138,7 @@ class RestFacade:
             try:
                 if not self.auth.is_master(presented_key(request.headers)):
                     raise RestError(401, "Invalid or missing API key")
+                http_serving.trust_connection(request.scope)
                 return await handler(request)
             except RestError as err:
                 return _json({"detail": err.detail}, status_code=err.status)

@@ -1,9 +1,12 @@
 """Issue 30's second probe, against the installed console on loopback: silent connections (finding 7), its session
-cookie and login (finding 10), and what a client that leaves mid-request writes to the log (finding 18)."""
+cookie and login (finding 10), a hung ledger (finding 16), and what a client that leaves mid-request writes to the
+log (finding 18)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import time
 import urllib.parse
@@ -11,10 +14,14 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
+from tests.support.procs import start_ledger
 from tests.support.slow_clients import check_all_closed, fate
 
 from .conftest import KEY, Console, run_console
+from .test_browser import sign_in, wait_live
 
 CAP = 40
 SILENT = 120
@@ -150,3 +157,34 @@ def test_wrong_keys_are_throttled_per_address_with_a_clear_429(guarded) -> None:
     elapsed = time.monotonic() - started
     assert elapsed < 60, elapsed
     assert "Traceback" not in guarded.log.read_text()
+
+
+# -- finding 16: a hung ledger ---------------------------------------------------------------------------------------
+
+
+def test_an_open_page_says_when_the_ledger_hangs_and_stops_once_it_answers(browser, tmp_path, screenshot) -> None:
+    """A stopped ledger (SIGSTOP) leaves the console's watches silent, as when nothing changes; the console used
+    never to warn. Its own check (every second here) turns the open page's line on, live, and off again."""
+    with (
+        start_ledger(key=KEY) as hung,
+        run_console(hung, tmp_path / "console.log", ["--ledger-check-seconds", "1"]) as own,
+    ):
+        sign_in(browser, own)
+        wait_live(browser)
+        assert not browser.find_elements(By.ID, "ledger-problem")
+        os.kill(hung.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.ID, "ledger-problem"))
+            shown_s = time.monotonic() - started
+            text = browser.find_element(By.ID, "ledger-problem").text
+            screenshot("ledger-hung")
+        finally:
+            os.kill(hung.proc.pid, signal.SIGCONT)
+        assert f"The ledger at {hung.address} has not answered the console" in text, text
+        assert "DEADLINE_EXCEEDED" in text and "out of date" in text, text
+        WebDriverWait(browser, 20).until(lambda d: not d.find_elements(By.ID, "ledger-problem"))
+        log = own.log.read_text()
+    assert log.count("DEADLINE_EXCEEDED; the pages say so") == 1, log
+    assert "answers the console again" in log, log
+    print(f"hung ledger: the open page said so after {shown_s:.1f}s")

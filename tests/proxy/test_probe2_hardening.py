@@ -3,7 +3,12 @@ master-key caller sends must give a clear 4xx or a bound, never a 500 or an unbo
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import re
+import socket
+import threading
 from collections.abc import Iterator
 
 import httpx
@@ -15,7 +20,7 @@ from services.client import agent_token
 from services.proxy.event_checks import MAX_DATA_DEPTH
 from tests.support.procs import ServiceProcess
 
-from .conftest import AUTH, KEY, Http, event_url, new_rollout, run_proxy
+from .conftest import AUTH, KEY, MODEL, Http, base_url, event_url, new_rollout, run_proxy
 
 
 @pytest.fixture(scope="module")
@@ -166,3 +171,76 @@ async def test_the_longest_retry_after_is_accepted(proxy) -> None:
         assert reply.json()["retry_after_seconds"] == 86_400
     finally:
         assert httpx.post(f"{proxy.url}/admin/resume", headers=AUTH).status_code == 200
+
+
+# -- finding 17: connections that never authenticate against the agents' idle ones --------------------------------
+
+FLOOD_CAP = 64
+AGENTS = 8
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "What is 2 + 2?"}]}
+
+
+@pytest.fixture(scope="module")
+def capped_proxy(ledger: ServiceProcess, engine: Http) -> Iterator[Http]:
+    with run_proxy(ledger.address, args=["--max-client-connections", str(FLOOD_CAP), "--header-timeout", "5"]) as p:
+        yield p
+
+
+async def test_a_flood_of_anonymous_connections_does_not_push_out_the_agents(capped_proxy, client) -> None:
+    """The probe opened ~1,000 connections/s that send nothing against a cap of 64: each new one displaced the
+    connection waiting longest, which was an agent's idle keep-alive one, and 53% of the agents' calls failed.
+    A connection whose caller's key was accepted is now displaced only when nothing else can go."""
+    rollouts = [await new_rollout(client) for _ in range(AGENTS)]
+    host, port = capped_proxy.url.removeprefix("http://").rsplit(":", 1)
+    stop = threading.Event()
+    opened = [0]
+    held: collections.deque[socket.socket] = collections.deque()
+
+    def flood() -> None:
+        """As fast as one thread connects (thousands a second here): each connection sends nothing. The newest 500
+        are held open (more than the cap; the proxy has closed the older ones by then)."""
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(socket.create_connection((host, int(port)), timeout=1))
+                opened[0] += 1
+            while len(held) > 500:
+                held.popleft().close()
+
+    async def agent(rollout_id: str) -> tuple[int, list[str]]:
+        done, failures = 0, []
+        url = f"{base_url(capped_proxy, rollout_id)}/chat/completions"
+        async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=1)) as http:
+            await http.post(url, json=CHAT, headers=_agent(rollout_id))  # the connection is made before the flood
+            await flooding.wait()
+            while not stop.is_set():
+                try:
+                    reply = await http.post(url, json=CHAT, headers=_agent(rollout_id))
+                    if reply.status_code != 200:
+                        failures.append(f"{reply.status_code} {reply.text[:80]}")
+                except httpx.HTTPError as err:
+                    failures.append(type(err).__name__)
+                done += 1
+                await asyncio.sleep(0.3)  # an agent thinks between calls (a tool runs): its connection sits idle
+        return done, failures
+
+    flooding = asyncio.Event()
+    agents = [asyncio.create_task(agent(r)) for r in rollouts]
+    await asyncio.sleep(0.5)
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    flooding.set()
+    await asyncio.sleep(5.0)
+    stop.set()
+    results = await asyncio.gather(*agents)
+    flooder.join()
+    flood_count = opened[0]
+    for sock in held:
+        sock.close()
+    calls = sum(done for done, _ in results)
+    failures = [f for _, fails in results for f in fails]
+    print(
+        f"flood: {flood_count} anonymous connections in 5 s, cap {FLOOD_CAP}: {len(failures)} of {calls} calls failed"
+    )
+    assert flood_count > 1000, flood_count  # the flood really was one
+    assert calls >= AGENTS * 5, calls
+    assert failures == [], failures[:5]
