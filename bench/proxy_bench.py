@@ -230,8 +230,12 @@ async def bench(args: argparse.Namespace) -> None:
                 used = {name: cpu_seconds(p.proc.pid) - cpu[name] for name, p in processes}
                 report(name, direct, proxied)
                 after = proxy_counters(proxy_port)
-                opened = after["agl_proxy_engine_connections_opened"] - counters["agl_proxy_engine_connections_opened"]
-                batches = after["agl_proxy_ledger_append_batches"] - counters["agl_proxy_ledger_append_batches"]
+                opened_name, batches_name = (
+                    "agl_proxy_engine_connections_opened_total",
+                    "agl_proxy_ledger_append_batches_total",
+                )
+                opened = after[opened_name] - counters[opened_name]
+                batches = after[batches_name] - counters[batches_name]
                 per_call = ", ".join(f"{name} {seconds / args.calls * 1000:.2f} ms" for name, seconds in used.items())
                 # The engine's CPU per call is the yardstick: this machine's speed drifts between runs, the ratio
                 # much less.

@@ -331,8 +331,7 @@ def create_app(config: ProxyConfig) -> Starlette:
         return JSONResponse(status, status_code=200 if proxy.readiness.ready else 503)
 
     async def metrics(request: Request) -> Response:
-        proxy.metrics.engine_connections.set(proxy.upstream.pool.opened)
-        proxy.metrics.append_batches.set(proxy.gateway.append_requests)
+        proxy.metrics.set_counts(proxy.upstream.pool.opened, proxy.gateway.append_requests)
         return Response(generate_latest(proxy.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def admin_body(request: Request) -> dict[str, Any]:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 # Agents choose their event types, so a type is a label value only if it is known or among the first few name-like
 # ones seen; everything else is counted as OTHER_EVENT_TYPE (otherwise /metrics grows with every type an agent sends).
@@ -30,6 +33,26 @@ class EventTypeLabels:
             self._kept.add(event_type)
             return event_type
         return OTHER_EVENT_TYPE
+
+
+_READ_COUNTERS = {
+    "engine_connections": ("agl_proxy_engine_connections_opened", "Connections opened to engines so far."),
+    "append_batches": (
+        "agl_proxy_ledger_append_batches",
+        "AppendEvents requests sent to the ledger so far (concurrent appends share them).",
+    ),
+}
+
+
+class _ReadCounters(Collector):
+    """Counters whose values live elsewhere (the engine pool, the ledger gateway), exposed as counter families."""
+
+    def __init__(self, counts: dict[str, float]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for key, (name, documentation) in _READ_COUNTERS.items():
+            yield CounterMetricFamily(name, documentation, value=self._counts[key])
 
 
 class ProxyMetrics:
@@ -73,11 +96,12 @@ class ProxyMetrics:
         self.in_flight = Gauge("agl_proxy_in_flight", "Model calls in flight on this replica.", registry=self.registry)
         self.paused = Gauge("agl_proxy_paused", "1 while the proxy is paused.", registry=self.registry)
         self.endpoints = Gauge("agl_proxy_endpoints", "Endpoints known for the model.", registry=self.registry)
-        self.engine_connections = Gauge(
-            "agl_proxy_engine_connections_opened", "Connections opened to engines so far.", registry=self.registry
-        )
-        self.append_batches = Gauge(
-            "agl_proxy_ledger_append_batches",
-            "AppendEvents requests sent to the ledger so far (concurrent appends share them).",
-            registry=self.registry,
-        )
+        # Counts kept by the engine pool and the ledger gateway themselves, read at each scrape (set_counts): they
+        # only grow, so they are counters (`_total`), not gauges.
+        self._read_counts = {"engine_connections": 0, "append_batches": 0}
+        self.registry.register(_ReadCounters(self._read_counts))
+
+    def set_counts(self, engine_connections: int, append_batches: int) -> None:
+        """The engine pool's and the ledger gateway's own counts, as they stand at this scrape."""
+        self._read_counts["engine_connections"] = engine_connections
+        self._read_counts["append_batches"] = append_batches
