@@ -46,7 +46,8 @@ SETTINGS = st.Settings(
                    "seconds a request's body may take to arrive after its head (408 and close otherwise)",
                    name="body_timeout_s"),
         st.Setting("--max-connections", "AGL_CONSOLE_MAX_CONNECTIONS", st.integer(1), _D.max_connections,
-                   "connections served at once; above it the longest-waiting idle one is closed, or 503"),
+                   "connections served at once (each open page holds one); above it the longest-waiting idle one is "
+                   "closed, or 503"),
         st.Setting("--log-level", "AGL_LOG_LEVEL", st.log_level(), _D.log_level),
     ],
 )  # fmt: skip
