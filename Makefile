@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test check protos check-protos lint format install install-dev engine-venv agl1-venv venvs bench clean
+.PHONY: demo test check protos check-protos lint format docs docs-tables install install-dev engine-venv agl1-venv venvs bench clean
 
 # The installer. uv (pinned, put in a venv of its own, .venv-uv, from PyPI on first use) resolves and downloads in
 # parallel and hardlinks every venv's files from one cache the venvs share, so a wheel two venvs need is fetched
@@ -129,8 +129,8 @@ demo:
 test: venvs
 	$(PY) -m pytest tests --durations=40
 
-# Static checks CI runs before the tests: generated code fresh, buf lint, ruff.
-check: check-protos lint
+# Static checks CI runs before the tests: generated code fresh, buf lint, ruff, the documentation site builds.
+check: check-protos lint docs
 
 protos: $(VENV)/.installed-dev
 	$(PY) tools/gen_protos.py
@@ -150,11 +150,21 @@ format: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check --fix services tests bench examples tools deploy
 	$(VENV)/bin/ruff format services tests bench examples tools deploy
 
+# The documentation site (docs/, mkdocs.yml) into site/ (git-ignored). --strict: a broken link or anchor, a page
+# left out of the nav or a stale settings table fails the build.
+docs: $(VENV)/.installed-dev
+	$(PY) -m tools.gen_settings_docs --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+# The reference pages' settings tables, written from the declarations (services/<svc>/config.py).
+docs-tables: $(VENV)/.installed-dev
+	$(PY) -m tools.gen_settings_docs
+
 bench: $(VENV)/.installed-dev
 	for b in bench/*_bench.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) $(AGL1_VENV) $(UV_VENV) data demo-output .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINE_VENV) $(AGL1_VENV) $(UV_VENV) data demo-output site .pytest_cache .ruff_cache
 
 # Containers with podman (Debian: apt-get install podman runc mmdebstrap catatonit docker-compose
 # golang-github-containernetworking-plugin-dnsname): a local Debian base tagged python:3.11-slim-bookworm, then

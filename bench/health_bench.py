@@ -6,8 +6,9 @@ times, best of `--rounds`:
               group health, the row health (the per-rollout flags kept while rows are built, and row_health), and
               the limits' evaluation
   data path:  build_training_batch on the same traces (rows, advantages, alignment, tensors), with its row health
-and reports health / data path and health / a whole step, the step's time taken from the runs measured in the
-README (the calc agent's median step 10.4 s, the math agent's 4.3 s, both on this 2-core machine).
+and reports health / data path and health / a whole step, the step's time taken from the runs measured in
+docs/getting-started/demo.md (the calc agent's median step 10.4 s, the math agent's 4.3 s, both on this 2-core
+machine).
 
     .venv/bin/python bench/health_bench.py [--rollouts 64] [--turns 2] [--rounds 20]
 """

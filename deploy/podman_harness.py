@@ -64,7 +64,8 @@ class Image:
         return f"{self.name}:latest"
 
     def build_args(self) -> list[str]:
-        """`podman build` arguments: the README's `docker build` plus the Docker image format (keeps HEALTHCHECK)."""
+        """`podman build` arguments: the documented `docker build` (docs/deploy/kubernetes.md) plus the Docker image
+        format (keeps HEALTHCHECK)."""
         target = ["--target", self.target] if self.target else []
         build_args = [arg for name, value in self.args for arg in ("--build-arg", f"{name}={value}")]
         dockerfile = f"deploy/docker/{self.dockerfile}"

@@ -186,7 +186,7 @@ class Setting:
     def shown_default(self) -> str:
         if self.shown is not None:
             return self.shown
-        if self.secret or self.default is None or self.default == "":
+        if self.secret or self.default is None or self.default in ("", (), {}):
             return "none"
         if isinstance(self.default, bool):
             return "on" if self.default else "off"

@@ -6,6 +6,8 @@ must exit 2 with one line on stderr naming the variable or flag and the value, a
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
 import re
 import subprocess
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from services import settings as st
+from services.cli import app as cli_app
 from services.cli import config as cli_config
 from services.console import config as console_config
 from services.controller import config as controller_config
@@ -22,6 +25,7 @@ from services.engine import config as engine_config
 from services.ledger import config as ledger_config
 from services.proxy import config as proxy_config
 from services.standin import config as standin_config
+from tools import gen_settings_docs
 
 ALL = {
     "agl": cli_config.SETTINGS,
@@ -237,30 +241,21 @@ def test_each_service_refuses_a_bad_variable_and_a_bad_flag_in_one_line(prog: st
     assert_one_line_usage_error(run_command(prog, argv, {}), prog, bad_flag[0], bad_flag[1])
 
 
-# The README's flag tables are written by hand (their defaults carry explanations); these tests keep them true to the
-# declarations: every flag and variable a table names is declared, with that variable, and every declared one is
-# documented in README.md or SECURITY.md (a wildcard such as AGL_PROXY_RETRY_* counts).
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-DOCS = README + (Path(__file__).resolve().parents[1] / "SECURITY.md").read_text()
-TABLES = {
-    "agl-ledger": "**Ledger** —",
-    "agl-proxy": "**Proxy** —",
-    "agl-controller": "**Controller** —",
-    "agl-engine": "**Engine** —",
-    "agl-console": "### `agl-console`, the web console",
+# The reference pages' settings tables (docs/reference/*.md) are generated from the declarations
+# (tools/gen_settings_docs.py, `make docs-tables`): they must be what the declarations give, every program has one,
+# and the hand-written prose around them names only flags that exist.
+REPO = Path(__file__).resolve().parents[1]
+DOCS = "\n".join(
+    path.read_text() for path in [*sorted((REPO / "docs").rglob("*.md")), REPO / "SECURITY.md", REPO / "README.md"]
+)
+# Flags the reference pages name that belong to no AGL program, each with what it is.
+FOREIGN_FLAGS = {
+    "--enable-auto-tool-choice": "vLLM's, set by agl-engine",
+    "--enable-scale-out": "vLLM's, set by agl-engine",
+    "--worker-extension-cls": "vLLM's, set by agl-engine",
+    "--profile": "docker compose's",
+    "--quick": "tools/demo.py's (make demo ARGS=...)",
 }
-UNDOCUMENTED = {"agl-standin-engine": "a test tool: `agl-standin-engine --help`", "AGL_CLI_TIMEOUT": "README gap"}
-
-
-def table_rows(heading: str) -> list[str]:
-    lines = README[README.index(heading) :].splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| flag |"))
-    rows = []
-    for line in lines[start + 2 :]:
-        if not line.startswith("|"):
-            return rows
-        rows.append(line)
-    return rows
 
 
 def documented(name: str) -> bool:
@@ -272,34 +267,72 @@ def documented(name: str) -> bool:
     return any(re.fullmatch(w.replace("*", "[A-Z_]+"), name) for w in wildcards)
 
 
-@pytest.mark.parametrize("prog", sorted(TABLES))
-def test_readme_tables_name_declared_flags_with_their_variables(prog: str) -> None:
-    by_flag = {s.flag: s for s in ALL[prog].settings if s.flag}
-    rows = table_rows(TABLES[prog])
-    assert rows, prog
-    for row in rows:
-        columns = row.split("|")
-        names = re.findall(r"--(?:\[no-\])?[a-z][a-z0-9-]*", columns[1])
-        variables = re.findall(r"AGL_[A-Z_*]+", columns[2])
-        for name in names:
-            flag = name.replace("[no-]", "")
-            if flag not in by_flag and flag.startswith("--no-") and "--" + flag[5:] in by_flag:
-                flag = "--" + flag[5:]
-            assert flag in by_flag, f"{prog}: the README names {name}, which is not declared"
-            env = by_flag[flag].env
-            assert env is None or any(re.fullmatch(v.replace("*", "[A-Z_]+"), env) for v in variables), (
-                f"{prog}: the README's row for {flag} does not name its variable {env}: {row[:120]}"
-            )
+def test_the_reference_tables_are_the_declarations() -> None:
+    stale = gen_settings_docs.stale_pages()
+    assert not stale, (
+        f"settings tables differ from the declarations: run 'make docs-tables' and commit: {sorted(stale)}"
+    )
+
+
+def test_a_changed_declaration_makes_its_table_stale() -> None:
+    page, module = "docs/reference/ledger.md", "services.ledger.config"
+    text = (REPO / page).read_text()
+    declared = gen_settings_docs.settings_of(module)
+    port = next(s for s in declared.settings if s.flag == "--port")
+    changed = st.Settings(declared.prog, declared.description, [
+        dataclasses.replace(s, default=50052) if s is port else s for s in declared.settings
+    ])  # fmt: skip
+    fresh = gen_settings_docs.render(text, changed, module, page)
+    assert fresh != text and "| `--port` `PORT` | `AGL_LEDGER_PORT` | a port from 1 to 65535 | `50052` |" in fresh
+
+
+def test_every_program_has_a_generated_reference_table() -> None:
+    tabled = {gen_settings_docs.settings_of(module).prog for module in gen_settings_docs.PAGES.values()}
+    assert tabled == set(ALL)
+    for page, module in gen_settings_docs.PAGES.items():
+        rows = table_rows(page, module)
+        assert len(rows) == len(gen_settings_docs.settings_of(module).settings), page
+
+
+def table_rows(page: str, module: str) -> list[str]:
+    text = (REPO / page).read_text()
+    prog = gen_settings_docs.settings_of(module).prog
+    block = text[text.index(gen_settings_docs.BEGIN.format(prog=prog, module=module)) :]
+    block = block[: block.index(gen_settings_docs.END)]
+    return [line for line in block.splitlines() if line.startswith("| ") and not line.startswith("| flag |")]
+
+
+def options_of(parser: argparse.ArgumentParser) -> set[str]:
+    """Every long option of a parser and of its subcommands' parsers."""
+    found = set()
+    for action in parser._actions:
+        found |= {o for o in action.option_strings if o.startswith("--")}
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= options_of(sub)
+    return found
+
+
+@pytest.mark.parametrize("page", sorted(gen_settings_docs.PAGES))
+def test_reference_prose_names_only_flags_that_exist(page: str) -> None:
+    module = gen_settings_docs.PAGES[page]
+    prog = gen_settings_docs.settings_of(module).prog
+    text = (REPO / page).read_text()
+    start = text.index(gen_settings_docs.BEGIN.format(prog=prog, module=module))
+    prose = text[:start] + text[text.index(gen_settings_docs.END, start) :]
+    own = options_of(cli_app.build_parser()) if prog == "agl" else {s.flag for s in ALL[prog].settings if s.flag}
+    anyone = {s.flag for settings in ALL.values() for s in settings.settings if s.flag}
+    for name in set(re.findall(r"(?<![\w-])--(?:\[no-\])?[a-z][a-z0-9-]*\*?", prose)):
+        flag = name.replace("[no-]", "")
+        if flag.startswith("--no-") and "--" + flag[5:] in own | anyone:
+            flag = "--" + flag[5:]
+        if flag.endswith("-*"):
+            assert any(f.startswith(flag[:-1]) for f in own), f"{page}: {name} matches no flag of {prog}"
+            continue
+        assert flag in own or flag in anyone or flag in FOREIGN_FLAGS, f"{page}: names {name}, which is not declared"
 
 
 @pytest.mark.parametrize("prog", sorted(ALL))
 def test_every_declared_flag_and_variable_is_documented(prog: str) -> None:
-    if prog in UNDOCUMENTED:
-        return
-    missing = [
-        name
-        for s in ALL[prog].settings
-        for name in (s.flag, s.env)
-        if name and name not in UNDOCUMENTED and not documented(name)
-    ]
-    assert not missing, f"{prog}: not in README.md or SECURITY.md: {missing}"
+    missing = [name for s in ALL[prog].settings for name in (s.flag, s.env) if name and not documented(name)]
+    assert not missing, f"{prog}: not in docs/, README.md or SECURITY.md: {missing}"

@@ -79,7 +79,8 @@ def check_mode_options(argv: Sequence[str], parser: argparse.ArgumentParser, arg
     if extra:
         parser.error(
             f"{', '.join(extra)}: used by --quick only; the training demo serves the model it trains. To train your "
-            "own agent on your own tasks: agl train --agent-class pkg.mod:Agent --data tasks.jsonl (see the README)"
+            "own agent on your own tasks: agl train --agent-class pkg.mod:Agent --data tasks.jsonl "
+            "(docs/getting-started/train-your-agent.md)"
         )
 
 

@@ -47,7 +47,8 @@ SETTINGS = st.Settings(
                    "seconds a request's body may take to arrive after its head (408 and close otherwise)",
                    name="body_timeout_s"),
         st.Setting("--max-connections", "AGL_CONSOLE_MAX_CONNECTIONS", st.integer(1), _D.max_connections,
-                   "connections served at once; above it the longest-waiting idle one is closed, or 503"),
+                   "connections served at once (each open page holds one); above it the longest-waiting idle one is "
+                   "closed, or 503"),
         st.Setting("--ledger-check-seconds", "AGL_CONSOLE_LEDGER_CHECK_SECONDS", st.seconds(low=0.5, high=3600),
                    _D.ledger_check_s, "seconds between the console's checks that the ledger answers (each with a "
                    "deadline of 0.6 of it, at least 1 s); the pages say when it does not", name="ledger_check_s"),

@@ -103,7 +103,8 @@ SETTINGS = st.Settings(
     __doc__.splitlines()[0],
     [
         st.Setting("--ledger", "AGL_LEDGER_ADDR", st.text(nonempty=True), "127.0.0.1:50051"),
-        st.Setting("--proxy-url", "AGL_PROXY_URL", st.text(nonempty=True), "http://127.0.0.1:8080"),
+        st.Setting("--proxy-url", "AGL_PROXY_URL", st.text(nonempty=True), "http://127.0.0.1:8080",
+                   "the proxy's URL"),
         st.Setting("--agent-url", "AGL_AGENT_URL", st.text(), "", "proxy URL as agents reach it",
                    shown="the proxy URL"),
         st.Setting("--runner", "AGL_CONTROLLER_RUNNER", st.choice("local", "k8s"), "local"),
@@ -113,7 +114,8 @@ SETTINGS = st.Settings(
         st.Setting("--controller-id", "AGL_CONTROLLER_ID", st.text(nonempty=True), socket.gethostname(),
                    "keep it stable across restarts (reconciliation uses it)", shown="the host name"),
         st.Setting("--lease-ttl", "AGL_CONTROLLER_LEASE_TTL", st.seconds(low=0.3, high=3600), 30.0,
-                   "seconds without a heartbeat after which live controllers take over this one's running rollouts",
+                   "seconds without a heartbeat after which live controllers take over this one's running rollouts "
+                   "(renewed every third of it)",
                    name="lease_ttl_s"),  # the ledger's bounds
         st.Setting("--key", "AGL_KEY", st.text(empty_is_none=True), None, "master key", secret=True),
         st.Setting("--key-file", "AGL_KEY_FILE", st.text(), "",
@@ -151,12 +153,16 @@ SETTINGS = st.Settings(
                    "hidden): auto where the host allows it (else one warning), on (else the controller does not "
                    "start), off"),
         st.Setting("--agent-user", "AGL_CONTROLLER_AGENT_USER", st.custom("NAME, UID or UID:GID", _agent_user),
-                   None, "local: contained agents run as this user (the controller must be root)",
+                   None, "local: contained agents run as this user (the controller must be root; the "
+                   "interpreter must be readable by it)",
                    shown="the controller's uid, without capabilities"),
         st.Setting("--agent-hide", "AGL_CONTROLLER_AGENT_HIDE", _NAMES, (),
-                   "local: more paths hidden from contained agents (the log directory and the key file always are)"),
-        st.Setting("--kubeconfig", "AGL_KUBECONFIG", st.text(), "", "k8s", shown="in-cluster, else ~/.kube/config"),
-        st.Setting("--namespace", "AGL_CONTROLLER_NAMESPACE", st.text(nonempty=True), "default", "k8s"),
+                   "local: more paths hidden from contained agents, e.g. the ledger's data directory (the log "
+                   "directory and the key file always are)"),
+        st.Setting("--kubeconfig", "AGL_KUBECONFIG", st.text(), "", "k8s: the kubeconfig file",
+                   shown="in-cluster, else ~/.kube/config"),
+        st.Setting("--namespace", "AGL_CONTROLLER_NAMESPACE", st.text(nonempty=True), "default",
+                   "k8s: the namespace of the Jobs"),
         st.Setting("--max-jobs-per-minute", "AGL_CONTROLLER_MAX_JOBS_PER_MINUTE", st.number(0.0), 120.0,
                    "k8s: 0 is unlimited"),
         st.Setting("--job-burst", "AGL_CONTROLLER_JOB_BURST", st.integer(1), 10,

@@ -58,8 +58,8 @@ SETTINGS = st.Settings(
     "agl-ledger",
     "AGL ledger: rollouts, events and model endpoints.",
     [
-        st.Setting("--host", "AGL_LEDGER_HOST", st.text(), _D.host),
-        st.Setting("--port", "AGL_LEDGER_PORT", st.port(), _D.port),
+        st.Setting("--host", "AGL_LEDGER_HOST", st.text(), _D.host, "bind address"),
+        st.Setting("--port", "AGL_LEDGER_PORT", st.port(), _D.port, "gRPC port"),
         st.Setting("--store", "AGL_LEDGER_STORE", st.custom("'memory' or 'sqlite:PATH'", _store), _D.store,
                    "memory | sqlite:PATH"),
         st.Setting("--key", "AGL_KEY", st.text(empty_is_none=True), _D.key,
@@ -67,9 +67,10 @@ SETTINGS = st.Settings(
         st.Setting("--metrics-port", "AGL_LEDGER_METRICS_PORT", st.port(zero_is_off=True), _D.metrics_port,
                    "Prometheus metrics port"),
         # gRPC's message limits are 32-bit byte counts.
-        st.Setting("--max-message-mb", "AGL_LEDGER_MAX_MESSAGE_MB", st.integer(1, 2047), _D.max_message_mb),
+        st.Setting("--max-message-mb", "AGL_LEDGER_MAX_MESSAGE_MB", st.integer(1, 2047), _D.max_message_mb,
+                   "largest gRPC message, in MiB, either way"),
         st.Setting("--watch-buffer", "AGL_LEDGER_WATCH_BUFFER", st.integer(1), _D.watch_buffer,
-                   "changes a watcher may lag before it is cut off"),
+                   "changes a watcher may lag before it is cut off (RESOURCE_EXHAUSTED; it resumes)"),
         st.Setting("--ring-size", "AGL_LEDGER_RING_SIZE", st.integer(1), _D.ring_size,
                    "changes kept for resuming watchers (more than --watch-buffer)"),
         st.Setting("--grace-seconds", "AGL_LEDGER_GRACE_SECONDS", st.seconds(zero=True), _D.grace_seconds,
@@ -77,7 +78,8 @@ SETTINGS = st.Settings(
         st.Setting("--store-stall-seconds", "AGL_LEDGER_STORE_STALL_SECONDS", _S, _D.store_stall_seconds,
                    "gRPC health says NOT_SERVING while a write has waited this long for the store to commit it"),
         st.Setting("--log-level", "AGL_LOG_LEVEL", st.log_level(), _D.log_level),
-        st.Setting("--log-format", "AGL_LOG_FORMAT", st.choice("text", "json"), _D.log_format),
+        st.Setting("--log-format", "AGL_LOG_FORMAT", st.choice("text", "json"), _D.log_format,
+                   "json: one object per line"),
         # Connection limits (see connection_limits.py).
         st.Setting("--max-connections", "AGL_LEDGER_MAX_CONNECTIONS", st.integer(1), _D.max_connections,
                    "connections served at once; more are refused at accept"),

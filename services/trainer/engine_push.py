@@ -37,8 +37,8 @@ async def registered_endpoints(ledger: LedgerClient, model_name: str) -> list[mo
     endpoints = await ledger.list_models(model_name)
     if not endpoints:
         raise EnginePushError(
-            f"no engine is registered for model {model_name!r}: start one and register it (see the README's Engine "
-            f"section), or train with verl's own vLLM replicas (agl.engines.external=false)"
+            f"no engine is registered for model {model_name!r}: start one and register it (see "
+            f"docs/reference/engine.md), or train with verl's own vLLM replicas (agl.engines.external=false)"
         )
     return endpoints
 

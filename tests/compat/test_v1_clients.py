@@ -124,7 +124,8 @@ def test_v1_local_controller_runs_v1_trainers_step_against_agl(agl1: Agl1, stack
         assert controller.alive(), controller.log_text()[-4000:]
     check_step(stack, answer, attempt="0")  # v1.0's controller runs every rollout as attempt "0"
     # Its hooks: on_enqueue's label is on every rollout; on_succeeded's write-back after the end is refused (409,
-    # README's differences), and v1.0's hook runner reports it and goes on: the step still completed.
+    # docs/reference/v1-compat.md's differences), and v1.0's hook runner reports it and goes on: the step still
+    # completed.
     assert all(r["metadata"]["labelled_by"] == "on_enqueue" for r in answer["completed"])
     assert answer["output"].count("on_succeeded hook failed") == 4 and "409 Conflict" in answer["output"]
     calls = engine_calls(stack)

@@ -1,6 +1,7 @@
 """v1.0's own server as the oracle: the same requests go to Agent Lightning v1.0's `agl-server` (from .venv-agl1)
 and to AGL's proxy, and the answers are compared route by route (status codes, bodies, field names). Where AGL
-differs on purpose (README, "Differences from v1.0"), the test says so and checks each side's answer."""
+differs on purpose (docs/reference/v1-compat.md, "Differences from v1.0"), the test says so and checks each
+side's answer."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import pytest
 
 from tests.deploy.conftest import REPO_ROOT
 
-DOCS = [REPO_ROOT / "README.md", REPO_ROOT / "services" / "trainer" / "README.md"]
+DOCS = [REPO_ROOT / "docs" / "training" / "ray.md", REPO_ROOT / "services" / "trainer" / "README.md"]
 IGNORE_GITIGNORE = "RAY_RUNTIME_ENV_IGNORE_GITIGNORE"
 # A shell line that runs `ray job submit`, optionally after VAR=value assignments.
 COMMAND = re.compile(r"^\s*([A-Z_][A-Z0-9_]*=\S*\s+)*ray job submit\b")

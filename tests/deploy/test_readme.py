@@ -1,5 +1,6 @@
-"""README.md: its grpcurl calls name real methods with bodies that parse (and the unary ones
-run against a real ledger), and its compose, Kubernetes and trainer commands name things that exist."""
+"""The manual (README.md and the documentation site's pages under docs/): its grpcurl calls name real methods with
+bodies that parse (and the unary ones run against a real ledger), and its compose, Kubernetes and trainer commands
+name things that exist."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from services._gen.agl.v1 import ledger_service_pb2
 from tests.deploy.conftest import DEPLOY, REPO_ROOT
 from tests.support.procs import start_ledger
 
-TEXT = (REPO_ROOT / "README.md").read_text()
+PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+TEXT = "\n".join(page.read_text() for page in PAGES)
 SERVICE = ledger_service_pb2.DESCRIPTOR.services_by_name["LedgerService"]
 
 
@@ -69,7 +71,19 @@ async def test_unary_grpcurl_calls_succeed_against_a_real_ledger() -> None:
                 response = await call(request, timeout=10)
                 if method.name == "CreateRollouts":
                     created_id = response.rollouts[0].rollout_id
-            assert created_id, "the README's CreateRollouts example did not run"
+            assert created_id, "the documented CreateRollouts example did not run"
+
+
+def test_the_pages_that_hold_the_commands_are_read() -> None:
+    """The commands these tests check live on these pages (moved out of the README); each is read."""
+    read = {page.relative_to(REPO_ROOT).as_posix() for page in PAGES}
+    for page, command in {
+        "docs/reference/grpcurl.md": "grpcurl -plaintext",
+        "docs/deploy/compose.md": "--profile ",
+        "docs/deploy/kubernetes.md": "| `ledger.yaml` |",
+        "docs/training/ray.md": "=train",
+    }.items():
+        assert page in read and command in (REPO_ROOT / page).read_text(), page
 
 
 def test_compose_profiles_and_files_the_text_names_exist() -> None:

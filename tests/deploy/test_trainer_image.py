@@ -1,8 +1,8 @@
 """The trainer image for real, in its CPU variant: built from deploy/docker/trainer.Dockerfile with the build
 arguments its header gives, a Ray head started from it as the compose file's `ray-head` service starts one, and a
-training job submitted to that head with `ray job submit`, as the README says. The job trains two steps against the
-real ledger, proxy and controller (local processes, auth on) and the real CPU vLLM engine, and its weights reach
-the engine.
+training job submitted to that head with `ray job submit`, as docs/training/ray.md says. The job trains two steps
+against the real ledger, proxy and controller (local processes, auth on) and the real CPU vLLM engine, and its
+weights reach the engine.
 
 The Dockerfile's default variant (PyPI's CUDA torch and vLLM, several GB) is not built here: CI must not download
 CUDA. Both variants run the same RUN steps; only the build arguments differ.
@@ -161,7 +161,7 @@ def test_ray_job_submitted_to_the_image_trains_and_pushes_to_the_engine(
     out = ray_head.shared / run_id
     out.mkdir()
     out.chmod(0o777)
-    # The job's working directory, shipped by Ray as the README's `--working-dir .` ships the checkout.
+    # The job's working directory, shipped by Ray as the documented `--working-dir .` ships the checkout.
     workdir = stack.root / "job"
     workdir.mkdir()
     write_tasks(workdir / "tasks.jsonl", ["parity"] * 4)

@@ -1,4 +1,5 @@
-"""Each fault case's measured figure, printed at the end of the run (and copied into the README's table)."""
+"""Each fault case's measured figure, printed at the end of the run (and copied into the table of
+docs/reliability/faults.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Counts of fuzz cases tried and failed, per RPC or route, printed at the end of the run (README's fuzz totals)."""
+"""Counts of fuzz cases tried and failed, per RPC or route, printed at the end of the run (the fuzz totals of
+docs/reliability/faults.md)."""
 
 from __future__ import annotations
 
