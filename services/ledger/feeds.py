@@ -85,7 +85,12 @@ def _terminal_item(ledger: Ledger, cursor: int, entry: Entry, include_events: bo
     events: list[bytes] = []
     if include_events:
         rollout = entry.rollout
-        events = [data for _, data in ledger.triplet_events(rollout.rollout_id, rollout.status.attempt_id, None)]
+        attempt = rollout.status.attempt_id
+        # Events filed under no attempt (posted with v1.0's attempt "0" before any controller claimed the rollout:
+        # an evaluator's reward, a hook's note) are the rollout's and come before every attempt's, so the trainer
+        # sees them with the attempt that ran; that attempt's own later reward still wins (it comes later).
+        attempts = (attempt, "") if attempt else ""
+        events = [data for _, data in ledger.triplet_events(rollout.rollout_id, attempts, None)]
     return cursor, entry.rollout, events
 
 

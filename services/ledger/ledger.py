@@ -528,7 +528,9 @@ class Ledger:
         rows = rows[:kept]
         return [data for _, data in rows], (str(rows[-1][0]) if more else "")
 
-    def triplet_events(self, rollout_id: str, attempt: str | None, event_type: str | None) -> list[tuple[int, bytes]]:
+    def triplet_events(
+        self, rollout_id: str, attempt: str | tuple[str, ...] | None, event_type: str | None
+    ) -> list[tuple[int, bytes]]:
         """(sequence, serialized triplet form) of the rollout's events in the triplet view (trimmed at append)."""
         return triplet_view(self.store.read_triplets(rollout_id, attempt, event_type))
 

@@ -69,12 +69,13 @@ class MemoryStore(Store):
         return out
 
     def read_triplets(
-        self, rollout_id: str, attempt_id: str | None, event_type: str | None
+        self, rollout_id: str, attempt_id: str | tuple[str, ...] | None, event_type: str | None
     ) -> list[tuple[int, str, bytes]]:
+        attempts = (attempt_id,) if isinstance(attempt_id, str) else attempt_id
         return [
             (seq, etype, data[:cut])
             for seq, attempt, etype, data, cut in self._events.get(rollout_id, ())
-            if cut and (attempt_id is None or attempt == attempt_id) and (event_type is None or etype == event_type)
+            if cut and (attempts is None or attempt in attempts) and (event_type is None or etype == event_type)
         ]
 
     async def close(self) -> None:

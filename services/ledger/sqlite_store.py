@@ -211,7 +211,7 @@ class SqliteStore(Store):
         return out
 
     def read_triplets(
-        self, rollout_id: str, attempt_id: str | None, event_type: str | None
+        self, rollout_id: str, attempt_id: str | tuple[str, ...] | None, event_type: str | None
     ) -> list[tuple[int, str, bytes]]:
         sql = "SELECT seq, event_type, substr(data, 1, triplet_length) FROM events WHERE rollout_id = ?"
         sql, args = _filtered(sql + " AND triplet_length > 0", [rollout_id], attempt_id, event_type)
@@ -360,8 +360,13 @@ def _apply(conn: sqlite3.Connection, ops: list[Op]) -> None:
         i = j
 
 
-def _filtered(sql: str, args: list[object], attempt_id: str | None, event_type: str | None) -> tuple[str, list[object]]:
-    if attempt_id is not None:
+def _filtered(
+    sql: str, args: list[object], attempt_id: str | tuple[str, ...] | None, event_type: str | None
+) -> tuple[str, list[object]]:
+    if isinstance(attempt_id, tuple):
+        sql += f" AND attempt_id IN ({', '.join('?' * len(attempt_id))})"
+        args.extend(attempt_id)
+    elif attempt_id is not None:
         sql += " AND attempt_id = ?"
         args.append(attempt_id)
     if event_type is not None:

@@ -118,10 +118,10 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def read_triplets(
-        self, rollout_id: str, attempt_id: str | None, event_type: str | None
+        self, rollout_id: str, attempt_id: str | tuple[str, ...] | None, event_type: str | None
     ) -> list[tuple[int, str, bytes]]:
         """(sequence, event_type, triplet_bytes) of the durable events that have a triplet form, in sequence
-        order; None filters match anything."""
+        order; None filters match anything, a tuple of attempt ids matches any of them."""
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -16,6 +16,7 @@ from .support import (
     RUNNING,
     SUCCEEDED,
     append,
+    custom,
     expect_error,
     list_events,
     model_request,
@@ -174,3 +175,29 @@ async def test_attempts_survive_a_restart_and_late_events_of_earlier_attempts_ar
             final = await update(stub, "r", FAILED, failure_reason=KILLED)
             assert final.status.state == FAILED  # two attempts were the most
             assert [a.attempt_id for a in final.status.attempts] == ["a1", "a2"]
+
+
+async def test_events_filed_before_any_claim_reach_the_trainer_with_the_attempt_that_ran(stub, uid: str) -> None:
+    """Issue 27: a reward posted with v1.0's attempt "0" before any controller claimed the rollout is filed under
+    no attempt; the terminal feed gave the trainer the final attempt's events only, so that reward was invisible."""
+    rid = f"{uid}-early"
+    await create_with(stub, rid, None)
+    await append(stub, reward(rid, 0.75), custom(rid, '{"hook": 1}'))  # filed under no attempt (queuing)
+    await update(stub, rid, RUNNING, attempt_id="a1", launcher_ref="pid:1")
+    await append(stub, model_request(rid, [1, 2], [3], [-0.1], attempt_id="a1"))
+    await update(stub, rid, SUCCEEDED)
+    [entry] = await terminal_entries(stub, rid)
+    events = list(entry.events)
+    assert [(e.event_type, e.attempt_id) for e in events] == [("reward", ""), ("model_request", "a1")]
+    assert events[0].reward.value == 0.75
+
+    # The attempt's own reward, posted later, comes later: the trainer's last-reward rule takes it.
+    rid = f"{uid}-both"
+    await create_with(stub, rid, None)
+    await append(stub, reward(rid, 0.75))
+    await update(stub, rid, RUNNING, attempt_id="a1", launcher_ref="pid:1")
+    await append(stub, model_request(rid, [1, 2], [3], [-0.1], attempt_id="a1"), reward(rid, 0.25, attempt_id="a1"))
+    await update(stub, rid, SUCCEEDED)
+    [entry] = await terminal_entries(stub, rid)
+    rewards = [e.reward.value for e in entry.events if e.event_type == "reward"]
+    assert rewards == [0.75, 0.25]
