@@ -122,9 +122,12 @@ def main() -> int:
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument(
+        "--warm-start-steps", type=int, default=150, help="supervised steps of the lab's warm start (its default 150)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    lab_args = lab.parse([])
+    lab_args = lab.parse(["--warm-start-steps", str(args.warm_start_steps)])
     train, val = split_tasks(lab_args.train_tasks, lab_args.val_tasks, seed=7, max_operand=lab_args.max_operand)
     path = lab.warm_model(lab_args, train)
     results = []

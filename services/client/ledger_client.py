@@ -445,10 +445,14 @@ class LedgerClient(RunMethods):
     # -- proxy control --------------------------------------------------------------------------------------
 
     async def set_proxy_pause(
-        self, paused: bool, retry_after_seconds: int = 5, reason: str = ""
+        self, paused: bool, retry_after_seconds: int = 5, reason: str = "", owner: str = "", lease_seconds: float = 0.0
     ) -> proxy_control_pb2.ProxyControl:
         request = ledger_service_pb2.SetProxyPauseRequest(
-            paused=paused, retry_after_seconds=retry_after_seconds, reason=reason
+            paused=paused,
+            retry_after_seconds=retry_after_seconds,
+            reason=reason,
+            owner=owner,
+            lease_seconds=lease_seconds,
         )
         return (await self._unary("SetProxyPause", request)).control
 

@@ -95,7 +95,7 @@ class Ledger:
         self.retries: collections.Counter[int] = collections.Counter()  # attempts retried, by failure reason
         self.terminal = TerminalLog()
         self.models = ModelRegistry()
-        self.proxy = ProxyControlState()
+        self.proxy = ProxyControlState(on_lifted=self._pause_lifted)
         self.controllers = ControllerLeases()
         self.stream_counts: collections.Counter[str] = collections.Counter()
         self.uncommitted = Uncommitted()  # events with an id not yet readable from the store
@@ -559,13 +559,22 @@ class Ledger:
     # -- proxy control ---------------------------------------------------------------------------------------------
 
     async def set_proxy_pause(
-        self, paused: bool, retry_after_seconds: int, reason: str
+        self, paused: bool, retry_after_seconds: int, reason: str, owner: str = "", lease_seconds: float = 0.0
     ) -> proxy_control_pb2.ProxyControl:
-        self.proxy.set_pause(paused, retry_after_seconds, reason, time.time_ns())
+        renewal = self.proxy.set_pause(paused, retry_after_seconds, reason, time.time_ns(), owner, lease_seconds)
         await self.durable(self._write([(PUT_META, META_PROXY_CONTROL, self.proxy.persisted())]))
-        log.info("proxies %s (generation %d)%s", "paused" if paused else "resumed", self.proxy.control.generation,
-                 f": {reason}" if reason else "")  # fmt: skip
+        if renewal:
+            log.debug("proxy pause renewed by %s for %gs", owner, lease_seconds)
+        else:
+            held = f" by {owner}" + (f" (lease {lease_seconds:g}s)" if lease_seconds else "") if owner else ""
+            log.info("proxies %s%s (generation %d)%s", "paused" if paused else "resumed", held,
+                     self.proxy.control.generation, f": {reason}" if reason else "")  # fmt: skip
         return self.proxy.snapshot()
+
+    def _pause_lifted(self, reason: str) -> None:
+        """A pause's lease ran out (its owner stopped renewing it): the lifted state is stored like a resume."""
+        self._write([(PUT_META, META_PROXY_CONTROL, self.proxy.persisted())])
+        log.warning("proxies resumed (generation %d): %s", self.proxy.control.generation, reason)
 
     def report_proxy_replica(
         self, replica_id: str, in_flight: int, observed_generation: int, ttl_seconds: float, leaving: bool

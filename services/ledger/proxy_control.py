@@ -1,4 +1,9 @@
-"""The pause state every proxy replica follows, and the replicas' heartbeats (in-flight counts, with a TTL)."""
+"""The pause state every proxy replica follows, and the replicas' heartbeats (in-flight counts, with a TTL).
+
+A pause may name its owner and carry a lease: the owner renews it by pausing again (the generation stays, so a drain
+in progress is not disturbed), and a lease that runs out lifts the pause (a new generation, the reason saying why),
+so a trainer that died mid-update never leaves every later agent call answered 429.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from .errors import InvalidArgument
 
 DEFAULT_RETRY_AFTER_SECONDS = 5
 DEFAULT_TTL_SECONDS = 15.0
+MAX_LEASE_SECONDS = 86400.0
 
 
 @dataclass(slots=True)
@@ -22,28 +28,73 @@ class _Replica:
 
 
 class ProxyControlState:
-    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall_ns: Callable[[], int] = time.time_ns,
+        on_lifted: Callable[[str], None] | None = None,
+    ) -> None:
         self._monotonic = monotonic
+        self._wall_ns = wall_ns  # leases are wall-clock times: they are stored, and outlive a restart
         self.control = proxy_control_pb2.ProxyControl(retry_after_seconds=DEFAULT_RETRY_AFTER_SECONDS)
         self._replicas: dict[str, _Replica] = {}
         self.changes = Changes()
+        # Told (with the lifted pause's reason) after a lease ran out and the pause was lifted: the ledger stores it.
+        self.on_lifted = on_lifted
 
     def restore(self, control: proxy_control_pb2.ProxyControl) -> None:
         self.control = control
         del self.control.replicas[:]
 
-    def set_pause(self, paused: bool, retry_after_seconds: int, reason: str, now_ns: int) -> None:
+    def set_pause(
+        self, paused: bool, retry_after_seconds: int, reason: str, now_ns: int, owner: str = "", lease_s: float = 0.0
+    ) -> bool:
+        """Pause or resume; True when it is the owner renewing the pause it holds (no new generation)."""
         if retry_after_seconds < 0:
             raise InvalidArgument("retry_after_seconds must not be negative")
+        if not 0.0 <= lease_s <= MAX_LEASE_SECONDS:  # NaN fails both comparisons
+            raise InvalidArgument(f"lease_seconds must be between 0 and {MAX_LEASE_SECONDS:g}, got {lease_s!r}")
+        if lease_s and not owner:
+            raise InvalidArgument("a pause with lease_seconds needs an owner (who renews it)")
+        if not paused and (owner or lease_s):
+            raise InvalidArgument("owner and lease_seconds go with a pause, not a resume")
+        renewal = paused and bool(owner) and self.control.paused and self.control.owner == owner
         control = proxy_control_pb2.ProxyControl(
             paused=paused,
             retry_after_seconds=retry_after_seconds or DEFAULT_RETRY_AFTER_SECONDS,
             reason=reason,
-            generation=self.control.generation + 1,
+            generation=self.control.generation + (0 if renewal else 1),
+            owner=owner if paused else "",
         )
         control.update_time.FromNanoseconds(now_ns)
+        if paused and lease_s:
+            control.lease_expire_time.FromNanoseconds(now_ns + int(lease_s * 1e9))
         self.control = control
         self.changes.bump()
+        return renewal
+
+    def lease_left_s(self) -> float | None:
+        """Seconds until the pause's lease runs out (0 once it has), None without a leased pause."""
+        if not (self.control.paused and self.control.HasField("lease_expire_time")):
+            return None
+        return max(0.0, (self.control.lease_expire_time.ToNanoseconds() - self._wall_ns()) / 1e9)
+
+    def _lift_expired(self) -> None:
+        if self.lease_left_s() != 0.0:
+            return
+        held = self.control
+        lifted = (
+            f"lifted by the ledger: {held.owner} did not renew its pause by "
+            f"{held.lease_expire_time.ToJsonString()} (it paused for: {held.reason or 'no reason given'})"
+        )
+        control = proxy_control_pb2.ProxyControl(
+            paused=False, retry_after_seconds=held.retry_after_seconds, reason=lifted, generation=held.generation + 1
+        )
+        control.update_time.FromNanoseconds(self._wall_ns())
+        self.control = control
+        self.changes.bump()
+        if self.on_lifted is not None:
+            self.on_lifted(lifted)
 
     def report(
         self, replica_id: str, in_flight: int, observed_generation: int, ttl_seconds: float, leaving: bool, now_ns: int
@@ -70,16 +121,20 @@ class ProxyControlState:
             self.changes.bump()
 
     def expire(self) -> float | None:
-        """Forget replicas whose TTL passed; return seconds until the next expiry (None when no replica)."""
+        """Forget replicas whose TTL passed and lift a pause whose lease ran out; return seconds until the next
+        expiry of either (None when there is nothing to expire)."""
+        self._lift_expired()
         now = self._monotonic()
         gone = [rid for rid, r in self._replicas.items() if r.expires <= now]
         for rid in gone:
             del self._replicas[rid]
         if gone:
             self.changes.bump()
-        if not self._replicas:
-            return None
-        return max(0.0, min(r.expires for r in self._replicas.values()) - now)
+        waits = [r.expires - now for r in self._replicas.values()]
+        lease = self.lease_left_s()
+        if lease is not None:
+            waits.append(lease)
+        return max(0.0, min(waits)) if waits else None
 
     def snapshot(self) -> proxy_control_pb2.ProxyControl:
         self.expire()

@@ -317,7 +317,9 @@ class LedgerServicer:
 
     @rpc
     async def SetProxyPause(self, request: pb.SetProxyPauseRequest, context: Any) -> pb.SetProxyPauseResponse:
-        control = await self.ledger.set_proxy_pause(request.paused, request.retry_after_seconds, request.reason)
+        control = await self.ledger.set_proxy_pause(
+            request.paused, request.retry_after_seconds, request.reason, request.owner, request.lease_seconds
+        )
         return pb.SetProxyPauseResponse(control=control)
 
     @rpc

@@ -346,10 +346,21 @@ def create_app(config: ProxyConfig) -> Starlette:
             raise ProxyError("invalid_request", f"`{name}` must be a number between 0 and {most}.")
         return int(value)
 
+    def _owner_lease(body: dict[str, Any]) -> tuple[str, float]:
+        """The optional `owner` and `lease_seconds` of a pause (the ledger checks they go together)."""
+        owner = body.get("owner", "")
+        if not isinstance(owner, str) or len(owner) > 200:
+            raise ProxyError("invalid_request", "`owner` must be a string of at most 200 characters.")
+        lease = body.get("lease_seconds", 0)
+        if isinstance(lease, bool) or not isinstance(lease, int | float) or not 0 <= lease <= 86_400:
+            raise ProxyError("invalid_request", "`lease_seconds` must be a number between 0 and 86400.")
+        return owner, float(lease)
+
     async def pause(request: Request) -> Response:
         body = await admin_body(request)
         retry_after = _int(body, "retry_after_seconds", 5, _MAX_RETRY_AFTER_S)
-        return JSONResponse(await proxy.coordinator.pause(retry_after, str(body.get("reason", ""))))
+        owner, lease = _owner_lease(body)
+        return JSONResponse(await proxy.coordinator.pause(retry_after, str(body.get("reason", "")), owner, lease))
 
     async def resume(request: Request) -> Response:
         await admin_body(request)
@@ -364,8 +375,13 @@ def create_app(config: ProxyConfig) -> Starlette:
         timeout = body.get("timeout_seconds", 60)
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
             raise ProxyError("invalid_request", "`timeout_seconds` must be a non-negative number.")
+        owner, lease = _owner_lease(body)
         result = await proxy.coordinator.drain(
-            float(timeout), _int(body, "retry_after_seconds", 5, _MAX_RETRY_AFTER_S), str(body.get("reason", ""))
+            float(timeout),
+            _int(body, "retry_after_seconds", 5, _MAX_RETRY_AFTER_S),
+            str(body.get("reason", "")),
+            owner,
+            lease,
         )
         return JSONResponse(result)
 

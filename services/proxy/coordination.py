@@ -160,8 +160,10 @@ class Coordinator:
         except grpc.aio.AioRpcError as err:
             raise ledger_error(err.code().name, err.details() or "", what) from None
 
-    async def pause(self, retry_after_s: int, reason: str) -> dict[str, Any]:
-        control = await self._ledger("SetProxyPause", self.client.set_proxy_pause(True, retry_after_s, reason))
+    async def pause(self, retry_after_s: int, reason: str, owner: str = "", lease_s: float = 0.0) -> dict[str, Any]:
+        """Pause every replica; an owner with a lease renews its own pause and is lifted when it stops renewing."""
+        call = self.client.set_proxy_pause(True, retry_after_s, reason, owner=owner, lease_seconds=lease_s)
+        control = await self._ledger("SetProxyPause", call)
         self.apply(control)
         return self.describe(control)
 
@@ -173,11 +175,14 @@ class Coordinator:
     async def state(self) -> dict[str, Any]:
         return self.describe(await self._ledger("GetProxyControl", self.client.get_proxy_control()))
 
-    async def drain(self, timeout_s: float, retry_after_s: int, reason: str) -> dict[str, Any]:
-        """Pauses (if not paused yet) and waits until no replica has a call in flight, or the timeout."""
+    async def drain(
+        self, timeout_s: float, retry_after_s: int, reason: str, owner: str = "", lease_s: float = 0.0
+    ) -> dict[str, Any]:
+        """Pauses (if not paused yet, or as `owner`) and waits until no replica has a call in flight, or the
+        timeout."""
         started = time.monotonic()
-        if not self.paused:
-            await self.pause(retry_after_s, reason or "draining")
+        if not self.paused or owner:
+            await self.pause(retry_after_s, reason or "draining", owner, lease_s)
         while True:
             control = await self._ledger("GetProxyControl", self.client.get_proxy_control())
             busy = [r for r in control.replicas if r.observed_generation < control.generation or r.in_flight > 0]

@@ -48,6 +48,7 @@ class TrainerSettings:
     data_path: DataPathSettings
     async_enabled: bool
     drain_timeout_s: float
+    pause_lease_s: float
     retry_after_seconds: int
     val_max_samples: int
     # Engines AGL did not start (registered in the ledger) get the weights by file after each update.
@@ -233,6 +234,7 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         data_path=data_path,
         async_enabled=async_enabled,
         drain_timeout_s=float(async_cfg.drain_timeout_seconds),
+        pause_lease_s=_pause_lease_s(async_cfg),
         retry_after_seconds=int(async_cfg.retry_after_seconds),
         val_max_samples=int(agl.get("val_max_samples", 0) or 0),
         external_engines=external,
@@ -244,3 +246,12 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         health_min_count=min_count,
         row_records=bool(agl.get("row_records", True)) and keep_steps != 0,
     )
+
+
+def _pause_lease_s(async_cfg: Any) -> float:
+    """agl.async_training.pause_lease_seconds: the lease of the trainer's pause of the proxies (renewed every
+    third of it while the update runs; 0: no lease, the pause holds until the trainer resumes)."""
+    value = float(async_cfg.get("pause_lease_seconds", 60))
+    if not 0 <= value <= 86400:
+        raise ConfigError(f"agl.async_training.pause_lease_seconds={value:g}: a number of seconds from 0 to 86400")
+    return value

@@ -3,6 +3,10 @@
 Goes through the ledger's proxy-control state, which every proxy replica follows: SetProxyPause(true)
 bumps the control generation; each replica reports the generation it has applied and its in-flight model
 calls. The proxies are drained when every live replica has applied the pause and has nothing in flight.
+
+The pause names its owner (the trainer's run) and holds a lease, renewed a third of the way through for as long as
+the update runs: a trainer killed mid-update leaves a pause the ledger lifts when the lease runs out, instead of
+every later agent call answered 429.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from services._gen.agl.v1 import proxy_control_pb2
@@ -30,16 +35,66 @@ def is_drained(control: proxy_control_pb2.ProxyControl, generation: int) -> bool
     return all(r.observed_generation >= generation and r.in_flight == 0 for r in control.replicas)
 
 
+class _Lease:
+    """Renews a pause a third of the way through its lease until stopped (the owner is alive and updating)."""
+
+    def __init__(self, renew: Callable[[], Awaitable[object]], lease_s: float) -> None:
+        self._renew = renew
+        self._every_s = lease_s / 3
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.stop()
+        self._task = asyncio.create_task(self._run(), name="agl-proxy-pause-lease")
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._every_s)
+            try:
+                await self._renew()
+            except Exception as exc:  # the next renewal tries again; the lease covers two misses
+                log.warning("could not renew the proxies' pause: %s", exc)
+
+
 class ProxyDrainer:
-    def __init__(self, client: LedgerClient, *, retry_after_seconds: int = 5, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        client: LedgerClient,
+        *,
+        retry_after_seconds: int = 5,
+        timeout_s: float = 600.0,
+        owner: str = "",
+        lease_s: float = 0.0,
+    ) -> None:
         self._client = client
         self._retry_after_seconds = retry_after_seconds
         self._timeout_s = timeout_s
+        self._owner = owner
+        self._lease_s = lease_s
+        self._reason = ""
+        self._lease = _Lease(self._pause, lease_s) if lease_s else None
+
+    async def _pause(self) -> proxy_control_pb2.ProxyControl:
+        return await self._client.set_proxy_pause(
+            True,
+            retry_after_seconds=self._retry_after_seconds,
+            reason=self._reason,
+            owner=self._owner,
+            lease_seconds=self._lease_s,
+        )
 
     async def pause_and_drain(self, reason: str = "weight update") -> DrainResult:
         """Pauses every proxy and waits until no model call is in flight (or the timeout passes)."""
         started = time.monotonic()
-        control = await self._client.set_proxy_pause(True, retry_after_seconds=self._retry_after_seconds, reason=reason)
+        self._reason = reason
+        control = await self._pause()
+        if self._lease is not None:
+            self._lease.start()
         generation = control.generation
         latest = control
         if not is_drained(latest, generation):
@@ -62,17 +117,35 @@ class ProxyDrainer:
         return DrainResult(True, seconds, len(latest.replicas))
 
     async def resume(self) -> None:
+        if self._lease is not None:
+            self._lease.stop()
         await self._client.set_proxy_pause(False, reason="weights updated")
 
 
 class HttpProxyDrainer:
     """The same through a proxy replica's admin API (POST /admin/drain, /admin/resume; master key)."""
 
-    def __init__(self, admin_url: str, key: str | None, *, retry_after_seconds: int = 5, timeout_s: float = 600.0):
+    def __init__(
+        self,
+        admin_url: str,
+        key: str | None,
+        *,
+        retry_after_seconds: int = 5,
+        timeout_s: float = 600.0,
+        owner: str = "",
+        lease_s: float = 0.0,
+    ):
         self._url = admin_url.rstrip("/")
         self._headers = {"authorization": f"Bearer {key}"} if key else {}
         self._retry_after_seconds = retry_after_seconds
         self._timeout_s = timeout_s
+        self._owner_lease: dict[str, object] = {"owner": owner, "lease_seconds": lease_s} if owner else {}
+        self._reason = ""
+        self._lease = _Lease(self._renew, lease_s) if owner and lease_s else None
+
+    async def _renew(self) -> dict[str, object]:
+        body = {"retry_after_seconds": self._retry_after_seconds, "reason": self._reason, **self._owner_lease}
+        return await self._post("/admin/pause", body)
 
     async def _post(self, path: str, body: dict[str, object]) -> dict[str, object]:
         import httpx
@@ -84,8 +157,11 @@ class HttpProxyDrainer:
 
     async def pause_and_drain(self, reason: str = "weight update") -> DrainResult:
         started = time.monotonic()
+        self._reason = reason
         body = {"timeout_seconds": self._timeout_s, "retry_after_seconds": self._retry_after_seconds, "reason": reason}
-        result = await self._post("/admin/drain", body)
+        result = await self._post("/admin/drain", {**body, **self._owner_lease})
+        if self._lease is not None:
+            self._lease.start()
         seconds = time.monotonic() - started
         replicas = result.get("replicas")
         count = len(replicas) if isinstance(replicas, list) else 0
@@ -95,4 +171,6 @@ class HttpProxyDrainer:
         return DrainResult(drained, seconds, count)
 
     async def resume(self) -> None:
+        if self._lease is not None:
+            self._lease.stop()
         await self._post("/admin/resume", {})

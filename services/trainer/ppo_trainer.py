@@ -151,15 +151,19 @@ class AglPPOTrainer(RayPPOTrainer):
         if self.agl.trajectory_log:
             inputs = {s.data_id: s.input for s in [*self.train_samples, *self.val_samples]}
             self.trajectories = TrajectoryLog(self.agl.trajectory_log, self.tokenizer.decode, inputs)
+        # The pause names this run and holds a lease the drainer renews while the update runs: a trainer killed
+        # mid-update leaves a pause the ledger lifts when the lease runs out.
+        pause = {"owner": f"trainer:{self.agl.run_id}", "lease_s": self.agl.pause_lease_s}
         if self.agl.proxy_admin_url:
             self.drainer: Any = HttpProxyDrainer(
                 self.agl.proxy_admin_url, self.agl.key, retry_after_seconds=self.agl.retry_after_seconds,
-                timeout_s=self.agl.drain_timeout_s,
+                timeout_s=self.agl.drain_timeout_s, **pause,
             )  # fmt: skip
         else:
             self.drainer = ProxyDrainer(
-                self.ledger, retry_after_seconds=self.agl.retry_after_seconds, timeout_s=self.agl.drain_timeout_s
-            )
+                self.ledger, retry_after_seconds=self.agl.retry_after_seconds, timeout_s=self.agl.drain_timeout_s,
+                **pause,
+            )  # fmt: skip
 
     def _init_actor_workers(self) -> None:
         """External engines: only the actor (and a reference policy when the KL loss needs one) as verl

@@ -342,14 +342,18 @@ class WatchModelsResponse(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[_model_pb2.ModelEndpoint, _Mapping]]] = ...) -> None: ...
 
 class SetProxyPauseRequest(_message.Message):
-    __slots__ = ("paused", "retry_after_seconds", "reason")
+    __slots__ = ("paused", "retry_after_seconds", "reason", "owner", "lease_seconds")
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     paused: bool
     retry_after_seconds: int
     reason: str
-    def __init__(self, paused: _Optional[bool] = ..., retry_after_seconds: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    owner: str
+    lease_seconds: float
+    def __init__(self, paused: _Optional[bool] = ..., retry_after_seconds: _Optional[int] = ..., reason: _Optional[str] = ..., owner: _Optional[str] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
 
 class SetProxyPauseResponse(_message.Message):
     __slots__ = ("control",)

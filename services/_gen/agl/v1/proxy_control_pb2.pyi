@@ -24,17 +24,21 @@ class ProxyReplica(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., in_flight: _Optional[int] = ..., observed_generation: _Optional[int] = ..., report_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
 
 class ProxyControl(_message.Message):
-    __slots__ = ("paused", "retry_after_seconds", "reason", "generation", "update_time", "replicas")
+    __slots__ = ("paused", "retry_after_seconds", "reason", "generation", "update_time", "replicas", "owner", "lease_expire_time")
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     paused: bool
     retry_after_seconds: int
     reason: str
     generation: int
     update_time: _timestamp_pb2.Timestamp
     replicas: _containers.RepeatedCompositeFieldContainer[ProxyReplica]
-    def __init__(self, paused: _Optional[bool] = ..., retry_after_seconds: _Optional[int] = ..., reason: _Optional[str] = ..., generation: _Optional[int] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ProxyReplica, _Mapping]]] = ...) -> None: ...
+    owner: str
+    lease_expire_time: _timestamp_pb2.Timestamp
+    def __init__(self, paused: _Optional[bool] = ..., retry_after_seconds: _Optional[int] = ..., reason: _Optional[str] = ..., generation: _Optional[int] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ProxyReplica, _Mapping]]] = ..., owner: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
