@@ -48,28 +48,32 @@ class EventQuotas:
 
     def refusal(self, index: int, rollout_id: str, sequence: int, stored_bytes: int, size: int) -> QuotaExceeded | None:
         """Why events[`index`] may not be stored, or None: it would be the rollout's event `sequence`, is `size`
-        bytes as stored, and the rollout holds `stored_bytes` (this request's earlier events included)."""
-        where = f"events[{index}] (rollout {rollout_id})"
+        bytes as stored, and the rollout holds `stored_bytes` (this request's earlier events included). Cheap when
+        it fits: the refusal's text is made only for a refusal."""
         if size > self.max_event_bytes:
             return QuotaExceeded(
                 EVENT_BYTES,
-                f"{where}: the event is {size:,} bytes, over the limit of {_mib(self.max_event_bytes)} for one "
-                f"event ({_setting(EVENT_BYTES)}); {_NOTHING_STORED}",
+                f"{_where(index, rollout_id)}: the event is {size:,} bytes, over the limit of "
+                f"{_mib(self.max_event_bytes)} for one event ({_setting(EVENT_BYTES)}); {_NOTHING_STORED}",
             )
         if sequence > self.max_rollout_events:
             return QuotaExceeded(
                 ROLLOUT_EVENTS,
-                f"{where}: rollout {rollout_id} holds {sequence - 1:,} events, its limit of "
+                f"{_where(index, rollout_id)}: rollout {rollout_id} holds {sequence - 1:,} events, its limit of "
                 f"{self.max_rollout_events:,} events per rollout ({_setting(ROLLOUT_EVENTS)}); {_NOTHING_STORED}",
             )
         if stored_bytes + size > self.max_rollout_bytes:
             return QuotaExceeded(
                 ROLLOUT_BYTES,
-                f"{where}: rollout {rollout_id} holds {stored_bytes:,} bytes of events and this one ({size:,} "
-                f"bytes) would take it past its limit of {_mib(self.max_rollout_bytes)} per rollout "
+                f"{_where(index, rollout_id)}: rollout {rollout_id} holds {stored_bytes:,} bytes of events and this "
+                f"one ({size:,} bytes) would take it past its limit of {_mib(self.max_rollout_bytes)} per rollout "
                 f"({_setting(ROLLOUT_BYTES)}); {_NOTHING_STORED}",
             )
         return None
+
+
+def _where(index: int, rollout_id: str) -> str:
+    return f"events[{index}] (rollout {rollout_id})"
 
 
 def _mib(size: int) -> str:

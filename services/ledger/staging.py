@@ -2,10 +2,10 @@
 form, and must fit its rollout's limits (quotas.py).
 
 Guarantee: nothing of the rollouts changes unless every new event of the request fits. An event's stored size is
-known only once it is stamped and serialized, so the request's next sequence and bytes per rollout, and the event
-ids it adds, are worked out here first and applied to the rollouts only at the end; a refusal leaves them as they
-were. An event whose id the rollout already holds (a retry) stores nothing: it gets its first sequence, at a limit
-too.
+known only once it is stamped and serialized, so each event advances its rollout as it is staged (what a request
+holding one event, the usual case, costs nothing more for) and a refusal takes back what the request's earlier
+events did before it is raised. An event whose id the rollout already holds (a retry, or a repeat earlier in the
+request) stores nothing: it gets its first sequence, at a limit too.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from services._gen.agl.v1 import event_pb2
 from services.printable import printable
@@ -30,14 +29,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Staged:
+class Staged(NamedTuple):
     """What one append stores: the store's operations, and the answer (a sequence and attempt per event)."""
 
-    sequences: list[int] = field(default_factory=list)
-    attempt_ids: list[str] = field(default_factory=list)
-    ops: list[Op] = field(default_factory=list)
-    with_ids: list[event_pb2.Event] = field(default_factory=list)  # the new events that have an event_id
+    sequences: list[int]
+    attempt_ids: list[str]
+    ops: list[Op]
+    with_ids: list[event_pb2.Event]  # the new events that have an event_id
 
 
 def stage(
@@ -47,56 +45,57 @@ def stage(
     refusals: collections.Counter[str],
 ) -> Staged:
     """Stamp validated `events` (their rollouts exist) and advance their rollouts; raise QuotaExceeded, counted
-    in `refusals` by limit, for the first one over a limit, with the rollouts unchanged."""
+    in `refusals` by limit, for the first one over a limit, with the rollouts as they were."""
     seconds, nanos = divmod(time.time_ns(), 1_000_000_000)
-    staged = Staged()
-    heads: dict[str, list[int]] = {}  # rollout_id -> [next sequence, bytes held] with this request's events
-    new_ids: dict[tuple[str, str], tuple[int, str]] = {}
+    sequences: list[int] = []
+    attempt_ids: list[str] = []
+    ops: list[Op] = []
+    with_ids: list[event_pb2.Event] = []
     for i, event in enumerate(events):
         rollout_id = event.rollout_id
         entry = rollouts[rollout_id]
         event_id = event.event_id
-        if event_id:
-            known = entry.event_ids.get(event_id) if entry.event_ids is not None else None
-            if known is None and new_ids:
-                known = new_ids.get((rollout_id, event_id))
+        if event_id and entry.event_ids is not None:
+            known = entry.event_ids.get(event_id)  # stored before, or earlier in this request
             if known is not None:
-                staged.sequences.append(known[0])
-                staged.attempt_ids.append(known[1])
+                sequences.append(known[0])
+                attempt_ids.append(known[1])
                 continue
-        head = heads.get(rollout_id)
-        if head is None:
-            head = heads[rollout_id] = [entry.next_seq, entry.event_bytes]
-        seq = head[0]
         attempt_id = event.attempt_id or entry.rollout.status.attempt_id or attempts.latest(entry.rollout.status)
+        seq = entry.next_seq
         event.sequence = seq
         event.attempt_id = attempt_id
         event.create_time.seconds = seconds
         event.create_time.nanos = nanos
         data, cut = split(event.SerializeToString())
-        refusal = quotas.refusal(i, rollout_id, seq, head[1], len(data))
+        size = len(data)
+        refusal = quotas.refusal(i, rollout_id, seq, entry.event_bytes, size)
         if refusal is not None:
+            _undo(ops, rollouts)
             refusals[refusal.limit] += 1
             if not entry.quota_logged:  # an agent at its limit may go on trying: one line per rollout
                 entry.quota_logged = True
                 log.warning("rollout %s: append refused (%s); its further refusals are not logged", rollout_id,
                             printable(str(refusal)))  # fmt: skip
             raise refusal
-        head[0] = seq + 1
-        head[1] += len(data)
-        staged.ops.append((PUT_EVENT, rollout_id, seq, attempt_id, event.event_type, event_id, data, cut))
+        entry.next_seq = seq + 1
+        entry.event_bytes += size
+        ops.append((PUT_EVENT, rollout_id, seq, attempt_id, event.event_type, event_id, data, cut))
         if event_id:
-            new_ids[(rollout_id, event_id)] = (seq, attempt_id)
-            staged.with_ids.append(event)
-        staged.sequences.append(seq)
-        staged.attempt_ids.append(attempt_id)
-    for rollout_id, (next_seq, held) in heads.items():
+            if entry.event_ids is None:
+                entry.event_ids = {}
+            entry.event_ids[event_id] = (seq, attempt_id)
+            with_ids.append(event)
+        sequences.append(seq)
+        attempt_ids.append(attempt_id)
+    return Staged(sequences, attempt_ids, ops, with_ids)
+
+
+def _undo(ops: list[Op], rollouts: dict[str, Entry]) -> None:
+    """Take back what the staged `ops` (PUT_EVENTs of one request, not yet written) did to their rollouts."""
+    for _kind, rollout_id, seq, _attempt, _type, event_id, data, _cut in reversed(ops):
         entry = rollouts[rollout_id]
-        entry.next_seq = next_seq
-        entry.event_bytes = held
-    for (rollout_id, event_id), known in new_ids.items():
-        entry = rollouts[rollout_id]
-        if entry.event_ids is None:
-            entry.event_ids = {}
-        entry.event_ids[event_id] = known
-    return staged
+        entry.next_seq = seq
+        entry.event_bytes -= len(data)
+        if event_id and entry.event_ids is not None:
+            entry.event_ids.pop(event_id, None)

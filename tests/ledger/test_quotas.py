@@ -58,8 +58,10 @@ async def _running(client: LedgerClient, *ids: str) -> None:
         await client.update_status(rid, RUNNING, attempt_id="a1")
 
 
-def _padded(rollout_id: str, size: int, tag: int = 0) -> event_pb2.Event:
-    return custom(rollout_id, json.dumps({"tag": tag, "pad": "x" * size}))
+def _padded(rollout_id: str, size: int, tag: int = 0, event_id: str = "") -> event_pb2.Event:
+    event = custom(rollout_id, json.dumps({"tag": tag, "pad": "x" * size}))
+    event.event_id = event_id
+    return event
 
 
 async def _refused(call: object) -> str:
@@ -200,15 +202,18 @@ async def test_a_rollout_s_bytes_are_its_events_as_stored_and_a_reload_recounts_
     held = entry.event_bytes
     assert held == sum(len(data) for _, data in ledger.store.read_events("r", None, None, 0, 10))
     with pytest.raises(QuotaExceeded, match="would take it past its limit of 20,000 bytes per rollout") as info:
-        ledger.stage_events([_padded("r", 1_000, 2), _padded("r", 7_000, 3)])
+        ledger.stage_events([_padded("r", 1_000, 2, "e2"), _padded("r", 7_000, 3, "e3")])
     assert info.value.limit == "rollout_bytes" and ledger.quota_refusals == {"rollout_bytes": 1}
     assert (entry.next_seq, entry.event_bytes) == (3, held)  # the request's first event was not taken either
+    assert (await ledger.append_events([_padded("r", 1_000, 2, "e2")]))[0] == [3]  # nor its id
+    assert len(ledger.store.read_events("r", None, None, 0, 10)) == 3
+    held = entry.event_bytes
     await ledger.close()
     if kind == "memory":
         return  # nothing to reload: a volatile store starts empty
     reloaded = open_ledger(20_000)
-    assert (reloaded.rollouts["r"].next_seq, reloaded.rollouts["r"].event_bytes) == (3, held)
+    assert (reloaded.rollouts["r"].next_seq, reloaded.rollouts["r"].event_bytes) == (4, held)
     with pytest.raises(QuotaExceeded):
-        reloaded.stage_events([_padded("r", 1_000, 2), _padded("r", 7_000, 3)])
-    await reloaded.append_events([_padded("r", 1_000, 2)])
+        reloaded.stage_events([_padded("r", 7_000, 3)])
+    assert (await reloaded.append_events([_padded("r", 1_000, 4)]))[0] == [4]
     await reloaded.close()
