@@ -431,7 +431,7 @@ class Ledger:
     ) -> tuple[list[int], list[str]]:
         """Append atomically: every event is validated before anything is stored. Returns once durable. A terminal
         rollout refuses events (FailedPrecondition) unless `allow_terminal` is set; an event past one of its
-        rollout's limits is refused with QuotaExceeded (quotas.py)."""
+        rollout's limits is refused with QuotaExceeded (quotas.py), unless `allow_terminal` is set."""
         sequences, attempts, lsn = self.stage_events(events, allow_terminal)
         await self.durable(lsn)
         return sequences, attempts
@@ -479,7 +479,11 @@ class Ledger:
                     if first is not event:  # repeated within this request
                         where = f"is also events[{next(k for k, e in enumerate(events) if e is first)}] of this request"
                         check_repeat(first, event, status.attempt_id or attempts.latest(status), where, i)
-        staged = stage(events, rollouts, self.quotas, self.quota_refusals)
+        # Writers that belong after the end (allow_terminal: the trainer's hook events and training rows, master key
+        # only; the proxy never sets it) are not limited: an agent that filled its rollout must not fail their
+        # appends, which hold many rollouts' events in one request. Their events still count.
+        quotas = None if allow_terminal else self.quotas
+        staged = stage(events, rollouts, quotas, self.quota_refusals)
         if staged.ops:
             lsn = self._write(staged.ops)
             self.events_appended += len(staged.ops)

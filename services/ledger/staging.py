@@ -41,11 +41,12 @@ class Staged(NamedTuple):
 def stage(
     events: list[event_pb2.Event],
     rollouts: dict[str, Entry],
-    quotas: EventQuotas,
+    quotas: EventQuotas | None,
     refusals: collections.Counter[str],
 ) -> Staged:
     """Stamp validated `events` (their rollouts exist) and advance their rollouts; raise QuotaExceeded, counted
-    in `refusals` by limit, for the first one over a limit, with the rollouts as they were."""
+    in `refusals` by limit, for the first one over a limit, with the rollouts as they were. Without `quotas`
+    nothing is refused (the events are counted all the same)."""
     seconds, nanos = divmod(time.time_ns(), 1_000_000_000)
     sequences: list[int] = []
     attempt_ids: list[str] = []
@@ -69,7 +70,7 @@ def stage(
         event.create_time.nanos = nanos
         data, cut = split(event.SerializeToString())
         size = len(data)
-        refusal = quotas.refusal(i, rollout_id, seq, entry.event_bytes, size)
+        refusal = None if quotas is None else quotas.refusal(i, rollout_id, seq, entry.event_bytes, size)
         if refusal is not None:
             _undo(ops, rollouts)
             refusals[refusal.limit] += 1

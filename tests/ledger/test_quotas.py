@@ -87,6 +87,10 @@ async def test_a_rollout_at_its_event_limit_is_refused_and_keeps_what_it_holds(c
     assert list((await client.append_events([first])).sequences) == [1]
     values = [e.reward.value for e in await client.list_events(full)]
     assert values == [float(k) for k in range(MAX_EVENTS)]
+    # Writers that belong after the end (the trainer's hooks and rows, master key only) are not limited: a full
+    # rollout among the many in one of their requests must not fail it.
+    await client.append_events([reward(other, 7.0), reward(full, 100.0)], allow_terminal=True)
+    assert len(await client.list_events(full)) == MAX_EVENTS + 1
 
     # A request that would cross the limit stores none of its events; what fits alone is stored afterwards.
     for k in range(MAX_EVENTS - 1):
@@ -95,7 +99,7 @@ async def test_a_rollout_at_its_event_limit_is_refused_and_keeps_what_it_holds(c
     assert details.startswith(f"events[1] (rollout {atomic})")
     assert len(await client.list_events(atomic)) == MAX_EVENTS - 1
     assert list((await client.append_events([reward(atomic, 10.0)])).sequences) == [MAX_EVENTS]
-    assert list((await client.append_events([reward(other, 1.0)])).sequences) == [1]  # other rollouts go on
+    assert list((await client.append_events([reward(other, 1.0)])).sequences) == [2]  # other rollouts go on
 
 
 async def test_a_rollout_at_its_byte_limit_and_an_event_over_the_event_limit_are_refused(
