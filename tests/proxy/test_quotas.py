@@ -39,6 +39,12 @@ def ledger() -> Iterator[ServiceProcess]:
         yield process
 
 
+def _proxy_rejected(proxy: Http, code: str) -> float:
+    text = httpx.get(f"{proxy.url}/metrics").text
+    found = re.search(rf'^agl_proxy_rejected_total\{{code="{code}"\}} ([\d.e+]+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 def _ledger_refusals(ledger: ServiceProcess) -> float:
     text = httpx.get(ledger.metrics_url).text  # type: ignore[attr-defined]
     found = re.search(r'^agl_ledger_appends_refused_total\{limit="rollout_events"\} ([\d.e+]+)$', text, re.M)
@@ -84,10 +90,11 @@ async def test_a_call_asking_for_more_than_the_limits_is_a_400_in_its_api_s_shap
     proxy: Http, engine: Http, client, path: str, body: dict[str, Any], field: str, value: float
 ) -> None:
     rid = await new_rollout(client)
-    before = engine_requests(engine)["requests"]
+    before, rejected = engine_requests(engine)["requests"], _proxy_rejected(proxy, "over_request_limit")
     async with httpx.AsyncClient(timeout=30) as http:
         reply = await http.post(f"{base_url(proxy, rid)}/{path}", json={"model": MODEL, **body}, headers=_auth(rid))
     assert reply.status_code == 400, reply.text
+    assert _proxy_rejected(proxy, "over_request_limit") == rejected + 1
     if path == "messages":
         message = _anthropic_message(reply.json(), "invalid_request_error")
     else:
@@ -146,7 +153,7 @@ async def test_a_rollout_at_its_ledger_limit_gets_413_and_other_agents_lose_noth
                 reply = await http.post(event_url(proxy, rid), json=reward, headers=_auth(rid))
                 statuses[rid][reply.status_code] += 1
 
-        refused_before = _ledger_refusals(ledger)
+        refused_before, rejected_before = _ledger_refusals(ledger), _proxy_rejected(proxy, "quota_exceeded")
         tasks = [asyncio.create_task(over_limit()) for _ in range(AGENTS)]
         try:
             await asyncio.gather(*(behave(rid) for rid in good))
@@ -161,6 +168,7 @@ async def test_a_rollout_at_its_ledger_limit_gets_413_and_other_agents_lose_noth
     assert refusals and {r.status_code for r in refusals} == {413}
     # The ledger refused more requests than the agent got 413s: some were merged requests, sent again in parts.
     assert _ledger_refusals(ledger) - refused_before > len(refusals) + 2
+    assert _proxy_rejected(proxy, "quota_exceeded") - rejected_before == len(refusals) + 2
     message = _openai_message(refusals[0].json(), "quota_exceeded")
     assert f"rollout {full} holds {MAX_EVENTS} events, its limit of {MAX_EVENTS} events per rollout" in message
     assert "AGL_LEDGER_MAX_ROLLOUT_EVENTS" in message and "not recorded" in message
