@@ -2,9 +2,9 @@
 form, and must fit its rollout's limits (quotas.py).
 
 Guarantee: nothing of the rollouts changes unless every new event of the request fits. An event's stored size is
-known only once it is stamped and serialized, so each event advances its rollout as it is staged (what a request
-holding one event, the usual case, costs nothing more for) and a refusal takes back what the request's earlier
-events did before it is raised. An event whose id the rollout already holds (a retry, or a repeat earlier in the
+known only once it is stamped and serialized, so each event advances its rollout as it is staged (no bookkeeping
+on the way, for the usual one-event request) and a refusal takes back what the request's earlier events did before
+it is raised. An event whose id the rollout already holds (a retry, or a repeat earlier in the
 request) stores nothing: it gets its first sequence, at a limit too.
 """
 
