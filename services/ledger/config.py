@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from services import settings as st
 
+from .quotas import EVENT_BYTES, MIB, ROLLOUT_BYTES, ROLLOUT_EVENTS, SETTING_NAMES, EventQuotas
+
 
 @dataclass(frozen=True)
 class LedgerConfig:
@@ -16,6 +18,11 @@ class LedgerConfig:
     key: str | None = None  # bearer key; None disables auth
     metrics_port: int = 9464  # 0 disables the metrics endpoint
     max_message_mb: int = 64
+    # Per-rollout limits (quotas.py): far above what an honest agent stores, low enough that one agent cannot fill
+    # the ledger's memory or disk alone.
+    max_rollout_events: int = 10_000
+    max_rollout_mb: int = 256
+    max_event_mb: int = 32
     watch_buffer: int = 8192  # changes a WatchRollouts consumer may fall behind before it is cut off
     ring_size: int = 50_000  # rollout changes kept for resuming watchers
     grace_seconds: float = 10.0  # how long SIGTERM waits for in-flight calls
@@ -40,6 +47,10 @@ class LedgerConfig:
     @property
     def auth_mode(self) -> str:
         return "bearer key" if self.key else "none"
+
+    @property
+    def quotas(self) -> EventQuotas:
+        return EventQuotas(self.max_rollout_events, self.max_rollout_mb * MIB, self.max_event_mb * MIB)
 
     @property
     def sqlite_path(self) -> str | None:
@@ -69,6 +80,12 @@ SETTINGS = st.Settings(
         # gRPC's message limits are 32-bit byte counts.
         st.Setting("--max-message-mb", "AGL_LEDGER_MAX_MESSAGE_MB", st.integer(1, 2047), _D.max_message_mb,
                    "largest gRPC message, in MiB, either way"),
+        st.Setting(*SETTING_NAMES[ROLLOUT_EVENTS], st.integer(1), _D.max_rollout_events,
+                   "events one rollout may hold, all its attempts together; more are refused (RESOURCE_EXHAUSTED)"),
+        st.Setting(*SETTING_NAMES[ROLLOUT_BYTES], st.integer(1), _D.max_rollout_mb,
+                   "MiB of events one rollout may hold, as stored; more are refused (RESOURCE_EXHAUSTED)"),
+        st.Setting(*SETTING_NAMES[EVENT_BYTES], st.integer(1, 2047), _D.max_event_mb,
+                   "MiB one event may take, as stored; a larger one is refused (RESOURCE_EXHAUSTED)"),
         st.Setting("--watch-buffer", "AGL_LEDGER_WATCH_BUFFER", st.integer(1), _D.watch_buffer,
                    "changes a watcher may lag before it is cut off (RESOURCE_EXHAUSTED; it resumes)"),
         st.Setting("--ring-size", "AGL_LEDGER_RING_SIZE", st.integer(1), _D.ring_size,

@@ -39,5 +39,13 @@ class ResourceExhausted(LedgerError):
     """A consumer fell too far behind (or a request is too large); the message says where to resume."""
 
 
+class QuotaExceeded(ResourceExhausted):
+    """An append would take a rollout past one of its limits (quotas.py); `limit` names which, for metrics."""
+
+    def __init__(self, limit: str, message: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
 class Unavailable(LedgerError):
     """The ledger cannot serve the request now (store failed, shutting down); retry later."""

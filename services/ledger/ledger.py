@@ -32,11 +32,12 @@ from .hub import Change, RolloutFilter, RolloutHub
 from .model_registry import ModelRegistry
 from .paging import page_size, parse_token
 from .proxy_control import ProxyControlState
+from .quotas import EventQuotas
 from .repeats import Uncommitted, check_repeat
 from .runs import RunBook
-from .store import DELETE_MODEL, DELETE_ROLLOUT, PUT_EVENT, PUT_META, PUT_MODEL, PUT_ROLLOUT, Op, Store
+from .staging import stage
+from .store import DELETE_MODEL, DELETE_ROLLOUT, PUT_META, PUT_MODEL, PUT_ROLLOUT, Op, Store
 from .terminal_log import TerminalLog
-from .triplet import split
 from .triplet import view as triplet_view
 from .validation import check_event, check_safe_id, check_spec
 
@@ -57,13 +58,18 @@ META_PROXY_CONTROL = "proxy_control"
 class Entry:
     """One stored rollout plus its indexes. `rollout` is replaced, never mutated, when it changes."""
 
-    __slots__ = ("event_ids", "lsn", "next_seq", "ordinal", "past_attempts", "rollout", "terminal_cursor")
+    __slots__ = (
+        "event_bytes", "event_ids", "lsn", "next_seq", "ordinal", "past_attempts", "quota_logged", "rollout",
+        "terminal_cursor",
+    )  # fmt: skip
 
     def __init__(self, rollout: rollout_pb2.Rollout, ordinal: int, terminal_cursor: int | None = None) -> None:
         self.rollout = rollout
         self.ordinal = ordinal  # creation order, for paging
         self.terminal_cursor = terminal_cursor
-        self.next_seq = 1
+        self.next_seq = 1  # so the rollout holds next_seq - 1 events
+        self.event_bytes = 0  # bytes of its events as stored (quotas.py)
+        self.quota_logged = False  # its first refusal over a limit is logged, not every one
         self.event_ids: dict[str, tuple[int, str]] | None = None  # event_id -> (sequence, attempt_id)
         self.lsn = 0  # store write of the last change
         # Attempts the rollout had before its current one (set while this ledger ran): late events may name them.
@@ -82,9 +88,17 @@ def _within(rows: list[Any], size: int, max_bytes: int, length: Callable[[Any], 
 
 class Ledger:
     def __init__(
-        self, store: Store, *, ring_size: int = 50_000, watch_buffer: int = 8192, page_bytes: int = 60 * 1024 * 1024
+        self,
+        store: Store,
+        *,
+        ring_size: int = 50_000,
+        watch_buffer: int = 8192,
+        page_bytes: int = 60 * 1024 * 1024,
+        quotas: EventQuotas | None = None,
     ) -> None:
         self.store = store
+        self.quotas = quotas or EventQuotas()
+        self.quota_refusals: collections.Counter[str] = collections.Counter()  # appends refused, by limit
         # Most bytes of events or rollouts one page carries (at least one item): a page must fit in one gRPC message.
         self.page_bytes = page_bytes
         self.rollouts: dict[str, Entry] = {}
@@ -123,6 +137,10 @@ class Ledger:
             entry = self.rollouts.get(rollout_id)
             if entry is not None:
                 entry.next_seq = head + 1
+        for rollout_id, size in loaded.event_bytes.items():
+            entry = self.rollouts.get(rollout_id)
+            if entry is not None:
+                entry.event_bytes = size
         for rollout_id, event_id, seq, attempt_id in loaded.event_ids:
             entry = self.rollouts.get(rollout_id)
             if entry is not None:
@@ -412,7 +430,8 @@ class Ledger:
         self, events: list[event_pb2.Event], allow_terminal: bool = False
     ) -> tuple[list[int], list[str]]:
         """Append atomically: every event is validated before anything is stored. Returns once durable. A terminal
-        rollout refuses events (FailedPrecondition) unless `allow_terminal` is set."""
+        rollout refuses events (FailedPrecondition) unless `allow_terminal` is set; an event past one of its
+        rollout's limits is refused with QuotaExceeded (quotas.py), unless `allow_terminal` is set."""
         sequences, attempts, lsn = self.stage_events(events, allow_terminal)
         await self.durable(lsn)
         return sequences, attempts
@@ -460,42 +479,17 @@ class Ledger:
                     if first is not event:  # repeated within this request
                         where = f"is also events[{next(k for k, e in enumerate(events) if e is first)}] of this request"
                         check_repeat(first, event, status.attempt_id or attempts.latest(status), where, i)
-        seconds, nanos = divmod(time.time_ns(), 1_000_000_000)
-        sequences: list[int] = []
-        attempt_ids: list[str] = []
-        ops: list[Op] = []
-        with_ids: list[event_pb2.Event] = []
-        for event in events:
-            entry = rollouts[event.rollout_id]
-            event_id = event.event_id
-            if event_id and entry.event_ids is not None:
-                known = entry.event_ids.get(event_id)
-                if known is not None:
-                    sequences.append(known[0])
-                    attempt_ids.append(known[1])
-                    continue
-            attempt_id = event.attempt_id or entry.rollout.status.attempt_id or attempts.latest(entry.rollout.status)
-            seq = entry.next_seq
-            entry.next_seq = seq + 1
-            event.sequence = seq
-            event.attempt_id = attempt_id
-            event.create_time.seconds = seconds
-            event.create_time.nanos = nanos
-            data, cut = split(event.SerializeToString())
-            ops.append((PUT_EVENT, event.rollout_id, seq, attempt_id, event.event_type, event_id, data, cut))
-            if event_id:
-                if entry.event_ids is None:
-                    entry.event_ids = {}
-                entry.event_ids[event_id] = (seq, attempt_id)
-                with_ids.append(event)
-            sequences.append(seq)
-            attempt_ids.append(attempt_id)
-        if ops:
-            lsn = self._write(ops)
-            self.events_appended += len(ops)
-            if with_ids and self.store.committed_lsn < lsn:
-                self.uncommitted.add(lsn, with_ids)
-        return sequences, attempt_ids, self.last_lsn
+        # Writers that belong after the end (allow_terminal: the trainer's hook events and training rows, master key
+        # only; the proxy never sets it) are not limited: an agent that filled its rollout must not fail their
+        # appends, which hold many rollouts' events in one request. Their events still count.
+        quotas = None if allow_terminal else self.quotas
+        staged = stage(events, rollouts, quotas, self.quota_refusals)
+        if staged.ops:
+            lsn = self._write(staged.ops)
+            self.events_appended += len(staged.ops)
+            if staged.with_ids and self.store.committed_lsn < lsn:
+                self.uncommitted.add(lsn, staged.with_ids)
+        return staged.sequences, staged.attempt_ids, self.last_lsn
 
     def _check_same(self, event: event_pb2.Event, known: tuple[int, str], entry: Entry, index: int) -> None:
         """A repeated event_id is a retry only with the same content: raise AlreadyExists when it differs from the

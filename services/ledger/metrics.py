@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 
 from .attempts import reason_name
 from .ledger import Ledger
+from .quotas import LIMITS
 from .states import TRANSITIONS, state_name
 
 
@@ -31,6 +32,15 @@ class LedgerCollector(Collector):
             retried.add_metric([reason_name(reason)], count)
         yield retried
         yield CounterMetricFamily("agl_ledger_events_appended", "Events appended.", value=ledger.events_appended)
+        refused = CounterMetricFamily(
+            "agl_ledger_appends_refused",
+            "Appends refused over a per-rollout limit, by limit (a merged request the client then sends again in "
+            "parts counts once for each refusal).",
+            labels=["limit"],
+        )
+        for limit in LIMITS:
+            refused.add_metric([limit], ledger.quota_refusals[limit])
+        yield refused
         streams = GaugeMetricFamily("agl_ledger_stream_subscribers", "Open server streams by feed.", labels=["feed"])
         for feed in ("rollouts", "terminal", "models", "proxy_control"):
             streams.add_metric([feed], ledger.stream_counts[feed])

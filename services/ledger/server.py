@@ -49,7 +49,11 @@ async def serve(config: LedgerConfig) -> int:
     max_bytes = config.max_message_mb * 1024 * 1024
     # A page of events or rollouts is cut by bytes too, with room left for the rest of the message.
     ledger = Ledger(
-        store, ring_size=config.ring_size, watch_buffer=config.watch_buffer, page_bytes=max_bytes * 15 // 16
+        store,
+        ring_size=config.ring_size,
+        watch_buffer=config.watch_buffer,
+        page_bytes=max_bytes * 15 // 16,
+        quotas=config.quotas,
     )
     ledger.load()
 
@@ -86,8 +90,10 @@ async def serve(config: LedgerConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info(
-        "ledger listening on %s:%d (store=%s, auth=%s, max message %d MiB, metrics=%s)",
-        config.host, port, store.description, config.auth_mode, config.max_message_mb, metrics_note,
+        "ledger listening on %s:%d (store=%s, auth=%s, max message %d MiB, per rollout at most %d events and %d MiB,"
+        " at most %d MiB an event, metrics=%s)",
+        config.host, port, store.description, config.auth_mode, config.max_message_mb, config.max_rollout_events,
+        config.max_rollout_mb, config.max_event_mb, metrics_note,
     )  # fmt: skip
 
     await stop.wait()

@@ -154,8 +154,11 @@ class SqliteStore(Store):
         loaded = Loaded()
         cur = self._reader.execute("SELECT rollout_id, ordinal, terminal_cursor, data FROM rollouts ORDER BY ordinal")
         loaded.rollouts = [StoredRollout(*row) for row in cur]
-        cur = self._reader.execute("SELECT rollout_id, MAX(seq) FROM events GROUP BY rollout_id")
-        loaded.event_heads = dict(cur.fetchall())
+        # length() of a blob column reads no overflow pages: the sizes cost a scan of the rows, not of the data.
+        cur = self._reader.execute("SELECT rollout_id, MAX(seq), SUM(LENGTH(data)) FROM events GROUP BY rollout_id")
+        for rollout_id, head, size in cur:
+            loaded.event_heads[rollout_id] = head
+            loaded.event_bytes[rollout_id] = size
         cur = self._reader.execute(
             "SELECT rollout_id, event_id, seq, attempt_id FROM events WHERE event_id IS NOT NULL ORDER BY rowid"
         )

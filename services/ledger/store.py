@@ -55,6 +55,8 @@ class Loaded:
     rollouts: list[StoredRollout] = field(default_factory=list)  # in ordinal order
     # rollout_id -> highest stored event sequence.
     event_heads: dict[str, int] = field(default_factory=dict)
+    # rollout_id -> bytes of its stored events (their event_bytes, summed), for the per-rollout limits.
+    event_bytes: dict[str, int] = field(default_factory=dict)
     # (rollout_id, event_id, sequence, attempt_id) for every event stored with an event_id.
     event_ids: list[tuple[str, str, int, str]] = field(default_factory=list)
     models: list[bytes] = field(default_factory=list)

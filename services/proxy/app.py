@@ -128,7 +128,14 @@ class Proxy:
             else None
         )
         self.calls = ModelCalls(
-            settings, self.gateway, self.coordinator, self.routing, self.upstream, self.metrics, continuation
+            settings,
+            self.gateway,
+            self.coordinator,
+            self.routing,
+            self.upstream,
+            self.metrics,
+            continuation,
+            config.request_limits,
         )
         self._models_seen = asyncio.Event()
         self.refusals_noted: dict[tuple[str, str], None] = {}  # attempts whose first refused event is stored

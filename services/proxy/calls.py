@@ -26,6 +26,7 @@ from .errors import ProxyError
 from .gateway import LedgerGateway
 from .metrics import ProxyMetrics
 from .recording import ERROR, INCOMPLETE, OK, CallRecord, model_request_event
+from .request_limits import RequestLimits
 from .rewrite import CHAT, RewriteSettings, dumps, loads_lenient, parse_body, rewrite, validate
 from .routing import Endpoint, RoutingTable
 from .sse import DONE, SSESplitter
@@ -75,8 +76,10 @@ class ModelCalls:
         upstream: Upstream,
         metrics: ProxyMetrics,
         continuation: TokenContinuation | None = None,
+        limits: RequestLimits | None = None,
     ) -> None:
         self.settings = settings
+        self.limits = limits or RequestLimits()
         self.continuation = continuation
         self.gateway = gateway
         self.coordinator = coordinator
@@ -94,6 +97,7 @@ class ModelCalls:
     ) -> Reply | StreamSession:
         """One call of `api`; with a dialect, `api` is the agent's API, translated to and from chat completions."""
         body = agent_body = parse_body(raw)
+        self.limits.check(body, api)  # in the agent's own fields, before anything is sent
         engine_api = api
         if dialect is None:
             validate(body, api)

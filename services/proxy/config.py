@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from services import settings as st
 
+from .request_limits import MAX_N_SETTING, MAX_OUTPUT_TOKENS_SETTING, RequestLimits
+
 
 @dataclass(frozen=True)
 class ProxyConfig:
@@ -26,6 +28,11 @@ class ProxyConfig:
     read_timeout_s: float = 600.0
     ledger_timeout_s: float = 10.0
     max_body_bytes: int = 32 * 1024 * 1024
+    # What one model call may ask for (request_limits.py). Training calls use n=1 (a GRPO group is separate
+    # rollouts); 64 answers covers best-of-n and self-consistency agents; 128Ki tokens is above what harnesses
+    # send (Claude Code's 32k-64k, OpenAI reasoning models' 100k), so an unmodified agent is not refused.
+    max_n: int = 64
+    max_output_tokens: int = 131_072
     max_connections: int = 1024  # engine connections (the pool's size)
     max_client_connections: int = 4096  # agents' connections (reduced to what the open-file limit allows)
     header_timeout_s: float = 10.0  # a request head must arrive within this (408 otherwise)
@@ -40,6 +47,10 @@ class ProxyConfig:
     # Train calls continuing a rollout's turn are sent as the sampled tokens + the new context (token_continuation).
     token_continuation: bool = True
     token_continuation_rollouts: int = 4096  # rollout attempts whose last turns are kept (4 bytes a token)
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        return RequestLimits(self.max_n, self.max_output_tokens)
 
 
 _D = ProxyConfig()
@@ -79,6 +90,11 @@ SETTINGS = st.Settings(
                    "seconds one ledger call may take", name="ledger_timeout_s"),
         st.Setting("--max-body-bytes", "AGL_PROXY_MAX_BODY_BYTES", _N, _D.max_body_bytes,
                    "largest request body (413 above)", shown="33554432 (32 MiB)"),
+        st.Setting(*MAX_N_SETTING, _N, _D.max_n,
+                   "most answers one call may ask for (`n`, completions' `best_of`); more is a 400"),
+        st.Setting(*MAX_OUTPUT_TOKENS_SETTING, _N, _D.max_output_tokens,
+                   "largest output-token limit one call may ask for (max_tokens, max_completion_tokens, "
+                   "max_output_tokens); more is a 400"),
         st.Setting("--max-connections", "AGL_PROXY_MAX_CONNECTIONS", _N, _D.max_connections,
                    "keep-alive connections to the engines"),
         st.Setting("--max-client-connections", "AGL_PROXY_MAX_CLIENT_CONNECTIONS", _N, _D.max_client_connections,

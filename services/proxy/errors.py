@@ -15,6 +15,7 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
     "invalid_json": (400, "invalid_request_error"),
     "invalid_request": (400, "invalid_request_error"),
     "engine_has_no_tool_parser": (400, "invalid_request_error"),
+    "over_request_limit": (400, "invalid_request_error"),  # n or an output-token limit above the proxy's
     "unauthorized": (401, "authentication_error"),
     "forbidden": (403, "permission_error"),
     "not_found": (404, "not_found_error"),
@@ -22,6 +23,9 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
     "rollout_terminal": (409, "conflict_error"),
     "event_conflict": (409, "conflict_error"),
     "body_too_large": (413, "invalid_request_error"),
+    # The ledger refused to store the event over a per-rollout limit (or its size). 413, not 429: waiting frees
+    # nothing, and the OpenAI and Anthropic SDKs retry 429 by themselves, each retry another engine call refused.
+    "quota_exceeded": (413, "invalid_request_error"),
     "invalid_event": (422, "invalid_request_error"),
     "paused": (429, "rate_limit_error"),
     "internal": (500, "internal_error"),
@@ -41,7 +45,7 @@ LEDGER_STATUS_KINDS: dict[str, str] = {
     "OUT_OF_RANGE": "invalid_request",
     "UNAVAILABLE": "ledger_unavailable",
     "DEADLINE_EXCEEDED": "ledger_unavailable",
-    "RESOURCE_EXHAUSTED": "ledger_unavailable",
+    "RESOURCE_EXHAUSTED": "quota_exceeded",
     "ABORTED": "ledger_unavailable",
     "CANCELLED": "ledger_unavailable",
     # The ledger refuses the proxy's own key: the operator's mistake, not the agent's; nothing was recorded.
@@ -92,6 +96,8 @@ def ledger_error(status_name: str, details: str, what: str) -> ProxyError:
         kind = "internal"
     if kind == "ledger_unavailable":
         return ProxyError(kind, f"The ledger is unavailable ({status_name}: {details}); the call was not recorded.")
+    if kind == "quota_exceeded":
+        return ProxyError(kind, f"The ledger refused to store this ({details}); it was not recorded.")
     if kind == "ledger_refused":
         return ProxyError(kind, "The ledger refused the proxy's key (see the proxy's log); the call was not recorded.")
     return ProxyError(kind, details or f"{what} failed: {status_name}")
