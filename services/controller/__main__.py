@@ -95,7 +95,7 @@ async def serve(config: ControllerConfig, sandbox: Policy | None = None) -> None
     readiness = Readiness(config.ledger)
     probes = None
     if config.metrics_port:
-        probes, _thread = start_probe_server(config.metrics_host, config.metrics_port, metrics.registry, readiness)
+        probes = start_probe_server(config.metrics_host, config.metrics_port, metrics.registry, readiness)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
