@@ -8,7 +8,8 @@ themselves (template_worker.py), so neither lane restarts a process for a slow t
 The guarantee: a template that renders within the quick limit waits for no slow template. It waits at most
 ceil(k / N) quick limits, k being the renders started before it that are still in the fast lane and N the workers of
 a lane (--template-workers): each of them leaves the fast lane within the quick limit. Eight slow templates ahead of
-a valid one on two workers: at most 1 s, instead of four whole time limits.
+a valid one on two workers: at most 1 s, instead of four whole time limits. (A rollout being rendered holds one of
+the controller's --max-concurrency slots: the bound holds while slow templates hold fewer than all of them.)
 """
 
 from __future__ import annotations
