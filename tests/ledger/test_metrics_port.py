@@ -17,6 +17,10 @@ async def test_silent_connections_to_the_metrics_port_are_bounded_and_closed(tmp
         async with httpx.AsyncClient(timeout=5) as http:
             scrape = await http.get(f"http://127.0.0.1:{port}/metrics", headers={"accept-encoding": "gzip"})
             elsewhere = await http.get(f"http://127.0.0.1:{port}/")
+            posted = await http.post(f"http://127.0.0.1:{port}/metrics", content=b"x")
+            huge_head = await http.get(f"http://127.0.0.1:{port}/metrics", headers={"x-pad": "a" * 20000})
     assert scrape.status_code == 200 and scrape.headers["content-encoding"] == "gzip"
     assert "agl_ledger_events_appended_total" in scrape.text
     assert elsewhere.status_code == 404 and "/metrics" in elsewhere.text
+    assert posted.status_code == 405 and "GET only" in posted.text
+    assert huge_head.status_code == 431
