@@ -56,9 +56,12 @@ async def check_ops_port(pid: int, host: str, port: int, path: str, silent: int 
     finally:
         for _, writer in connections:
             writer.close()
+    print(f"port {port}: threads {before} -> {during} with {len(connections)} silent connections; GET {path} in "
+          f"{answered_s * 1000:.0f} ms")  # fmt: skip
     assert reply.status_code == 200, reply.text
     assert answered_s < 1.0, f"GET {path} took {answered_s:.1f} s with {len(connections)} silent connections open"
-    assert during - before <= 3, f"threads went from {before} to {during} with {len(connections)} connections open"
+    # The port's own threads are fixed (one loop, two handlers); the margin is for the service's other threads.
+    assert during - before < 20, f"threads went from {before} to {during} with {len(connections)} connections open"
     still_open = sum(f is None for f in fates)
     assert still_open == 0, f"{still_open} of {len(fates)} silent connections still open after 8 s"
     answers = {f.split(b" ", 2)[1] for f in fates if f}
