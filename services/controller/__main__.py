@@ -50,7 +50,7 @@ def build_runner(config: ControllerConfig, metrics: ControllerMetrics, sandbox: 
         from .k8s_api import KubeJobs, load_api_client
         from .k8s_runner import K8sRunner
         from .rate_limit import TokenBucket
-        from .template_worker import TemplateWorkers
+        from .template_lanes import TemplateRenderer
 
         rate = config.max_jobs_per_minute / 60.0
         return K8sRunner(
@@ -62,9 +62,10 @@ def build_runner(config: ControllerConfig, metrics: ControllerMetrics, sandbox: 
             ttl_seconds_after_finished=config.job_ttl_s,
             bucket=TokenBucket(rate, min(float(config.job_burst), max(config.max_jobs_per_minute, 1.0))),
             reconcile_interval_s=config.reconcile_interval_s,
-            renderer=TemplateWorkers(
+            renderer=TemplateRenderer(
                 config.template_workers,
                 timeout_s=config.template_timeout_s,
+                quick_limit_s=config.template_quick_limit_s,
                 memory_bytes=config.template_memory_bytes,
                 max_output_bytes=config.template_max_bytes,
             ),
@@ -94,7 +95,7 @@ async def serve(config: ControllerConfig, sandbox: Policy | None = None) -> None
     readiness = Readiness(config.ledger)
     probes = None
     if config.metrics_port:
-        probes, _thread = start_probe_server(config.metrics_host, config.metrics_port, metrics.registry, readiness)
+        probes = start_probe_server(config.metrics_host, config.metrics_port, metrics.registry, readiness)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

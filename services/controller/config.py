@@ -57,6 +57,7 @@ class ControllerConfig:
     template_memory_bytes: int = 1 << 30
     template_max_bytes: int = 1 << 20
     template_workers: int = 2
+    template_quick_limit_s: float = 0.25
     # The environment local agents start from (AGL_* removed); never logged.
     agent_base_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     python: str = sys.executable
@@ -176,9 +177,13 @@ SETTINGS = st.Settings(
         st.Setting("--template-memory-mb", "AGL_CONTROLLER_TEMPLATE_MEMORY_MB", st.integer(128), 1024,
                    "k8s: MiB of address space of a render worker"),
         st.Setting("--template-max-bytes", "AGL_CONTROLLER_TEMPLATE_MAX_BYTES", st.integer(1024), 1 << 20,
-                   "k8s: bytes of rendered template at most"),
+                   "k8s: UTF-8 bytes of rendered template at most (the Job as JSON: twice that)"),
         st.Setting("--template-workers", "AGL_CONTROLLER_TEMPLATE_WORKERS", st.integer(1, 64), 2,
-                   "k8s: render worker processes"),
+                   "k8s: render worker processes in each lane (fast and slow)"),
+        st.Setting("--template-quick-limit", "AGL_CONTROLLER_TEMPLATE_QUICK_LIMIT", _S, 0.25,
+                   "k8s: seconds a render may take in the fast lane; a longer one is rendered again in the slow lane "
+                   "(within --template-timeout), so slow templates hold up only each other",
+                   name="template_quick_limit_s"),
     ],
 )  # fmt: skip
 

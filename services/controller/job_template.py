@@ -186,12 +186,13 @@ def _compile(template: str) -> jinja2.Template:
 
 
 def render_text(template: str, context: Mapping[str, Any], max_bytes: int = MAX_OUTPUT_BYTES) -> str:
-    """The template rendered with `context`, at most `max_bytes` of it; any template error becomes ConfigError."""
+    """The template rendered with `context`, at most `max_bytes` of it (UTF-8 bytes, as the API server gets it, not
+    characters); any template error becomes ConfigError."""
     try:
         parts: list[str] = []
         size = 0
         for part in _compile(template).generate(**context):
-            size += len(part)
+            size += len(part) if part.isascii() else len(part.encode("utf-8", "surrogatepass"))
             if size > max_bytes:
                 raise ConfigError(f"invalid Job template: it renders to more than {max_bytes} bytes (the limit)")
             parts.append(part)

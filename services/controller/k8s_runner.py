@@ -32,7 +32,7 @@ from .k8s_api import KubeError, KubeJobs, ResourceExpired
 from .outcome import JOB_FAILED, JOB_REJECTED, SPAWN_ERROR, VANISHED, ConfigError, Outcome
 from .rate_limit import TokenBucket
 from .runner import LaunchPlan, template_context, timeout_of
-from .template_worker import TemplateWorkers
+from .template_lanes import TemplateRenderer
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +69,10 @@ class K8sRunner:
         reconcile_interval_s: float,
         watch_timeout_s: int = 300,
         max_create_backoff_s: float = 10.0,
-        renderer: TemplateWorkers | None = None,
+        renderer: TemplateRenderer | None = None,
     ) -> None:
         self._jobs = jobs
-        self._renderer = renderer or TemplateWorkers(2, timeout_s=5.0, memory_bytes=1 << 30, max_output_bytes=1 << 20)
+        self._renderer = renderer or TemplateRenderer(2, timeout_s=5.0, memory_bytes=1 << 30, max_output_bytes=1 << 20)
         self._namespace = jobs.namespace
         self._agent_url = agent_url
         self._key = key
@@ -93,6 +93,7 @@ class K8sRunner:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        await self._renderer.start()
         threading.Thread(target=self._watch_loop, name="k8s-job-watch", daemon=True).start()
         self._reconciler = asyncio.create_task(self._reconcile_loop(), name="k8s-reconcile")
 

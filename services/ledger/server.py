@@ -9,7 +9,8 @@ import signal
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
+
+from services.ops_http import OpsServer, metrics_only
 
 from .auth import BearerAuthInterceptor
 from .config import LedgerConfig
@@ -82,7 +83,8 @@ async def serve(config: LedgerConfig) -> int:
     metrics_note = "off"
     if config.metrics_port:
         registry = build_registry(ledger)
-        metrics_server, _thread = start_http_server(config.metrics_port, addr=config.host, registry=registry)
+        handler = metrics_only(registry, "ledger")
+        metrics_server = OpsServer(config.host, config.metrics_port, handler, name="ledger-metrics").start()
         metrics_note = f"http://{config.host}:{metrics_server.server_port}/metrics"
     else:
         build_registry(ledger)  # still wires the commit observer hook; harmless without an endpoint
