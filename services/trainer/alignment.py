@@ -33,14 +33,18 @@ def align_rows(
 ) -> Alignment:
     """Indices to keep (ascending), the number of updates and the mini-batch size in rows.
 
-    mini_batch_rows <= 0 means one mini-batch of all rows. When fewer rows than one mini-batch remain, the
-    step trains one smaller mini-batch rounded down to a multiple of `divisor` (the data-parallel size).
+    mini_batch_rows <= 0 means one mini-batch of all rows. `divisor` (the data-parallel size times verl's fixed
+    micro-batch sizes, config.row_divisor) divides every mini-batch: a mini-batch size it does not divide is rounded
+    down to a multiple of it, and when fewer rows than one mini-batch remain, the step trains one smaller
+    mini-batch rounded down to a multiple of it.
     max_updates <= 0 means no cap. keep is empty when fewer than `divisor` rows exist.
     """
     total = len(group_ids)
     divisor = max(divisor, 1)
     if mini_batch_rows <= 0:
         mini_batch_rows = total
+    elif mini_batch_rows % divisor:
+        mini_batch_rows = max(mini_batch_rows // divisor, 1) * divisor
     updates = total // mini_batch_rows if mini_batch_rows else 0
     if updates >= 1:
         if max_updates > 0:

@@ -6,6 +6,7 @@ module is the only place the trainer's configuration is interpreted; nothing els
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -70,6 +71,23 @@ class TrainerSettings:
     def __repr__(self) -> str:  # never print the key
         key = "***" if self.key else None
         return f"TrainerSettings(run_id={self.run_id!r}, ledger={self.ledger_address!r}, key={key})"
+
+
+def row_divisor(cfg: Any, data_parallel: int) -> int:
+    """What a step's row count must be a multiple of: the data-parallel ranks and, with fixed micro-batches
+    (`use_dynamic_bsz: false`), every micro-batch size per GPU the rows go through (old and reference log-probs, the
+    update): verl asserts `rows % micro_batch_size_per_gpu == 0` per rank (verl/workers/engine/utils.py)."""
+    if bool(_get(cfg, "actor_rollout_ref.actor.use_dynamic_bsz", False)):
+        return data_parallel
+    sizes = [
+        _get(cfg, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+        _get(cfg, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"),
+    ]
+    if bool(_get(cfg, "actor_rollout_ref.actor.use_kl_loss", False)) or bool(
+        _get(cfg, "algorithm.use_kl_in_reward", False)
+    ):
+        sizes.append(_get(cfg, "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"))
+    return data_parallel * math.lcm(*(max(int(size or 1), 1) for size in sizes))
 
 
 def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
@@ -221,7 +239,7 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         norm_adv_by_std_in_grpo=bool(_get(cfg, "algorithm.norm_adv_by_std_in_grpo", True)),
         mini_batch_rows=int(_get(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size", 0)) * n,
         max_ppo_update_times=int(agl.max_ppo_update_times),
-        row_divisor=max(nodes * gpus, 1),
+        row_divisor=row_divisor(cfg, max(nodes * gpus, 1)),
     )
     return TrainerSettings(
         run_id=run_id,

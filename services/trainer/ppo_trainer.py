@@ -144,6 +144,8 @@ class AglPPOTrainer(RayPPOTrainer):
         self.guard = Guardrails(self.agl.health_limits, self.agl.health_rollouts_named, self.agl.health_min_count)
         self._token_texts: dict[int, str] = {}
         self._step_rows = {}
+        # The step whose update the engines serve (set by each weight sync; fit syncs before the first step).
+        self.weights_version = 0
         if self.agl.row_records and self.agl.manager.keep_steps == 0:
             log.info("agl.retention.keep_steps=0: consumed rollouts are deleted at once, so no training rows are kept")
         self.loop.run(self.manager.start())
@@ -201,12 +203,16 @@ class AglPPOTrainer(RayPPOTrainer):
             self.loop.run(registered_endpoints(self.ledger, self.agl.model_name))
             return
         # Replace, not add: verl picks new ports at every launch, and a restarted trainer's old endpoints are dead.
-        self.loop.run(self.manager.replace_endpoints(self.agl.model_name, self._endpoints(), self.global_steps))
+        # The version is that of the weights the replicas serve (the step whose update they loaded), as push_weights
+        # records it for external engines: captured calls carry the same model_version in both placements.
+        self.loop.run(self.manager.replace_endpoints(self.agl.model_name, self._endpoints(), self.weights_version))
 
     def _sync_weights(self, metrics: dict[str, Any]) -> None:
         """The actor's current weights to every engine, at version = global step."""
+        self.weights_version = self.global_steps
         if not self.agl.external_engines:
             self.checkpoint_manager.update_weights(self.global_steps)
+            self._register()
             return
         written = self.actor_rollout_wg.update_weights(global_steps=self.global_steps)
         if isinstance(written, list) and written and isinstance(written[0], ray.ObjectRef):

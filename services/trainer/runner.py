@@ -139,9 +139,11 @@ def join_cluster(config: Any) -> None:
         )
 
 
-def check_device(config: Any) -> None:
+def check_device(config: Any, joining: bool) -> None:
+    """A GPU run needs a GPU here, unless it joins a running cluster: `ray job submit` runs this on the head, which
+    may have none while its workers do; join_cluster then counts the cluster's GPUs (ray.cluster_resources)."""
     device = str(config.trainer.get("device", "cuda"))
-    if device == "cpu":
+    if device == "cpu" or joining:
         return
     if not gpu_available():
         raise ConfigError(
@@ -175,11 +177,11 @@ def check_engines(settings: TrainerSettings) -> None:
 def run(config: Any) -> None:
     """Validates the AGL settings on the driver (fail fast, no GPU needed), then runs the Ray job."""
     settings = settings_from_config(config)
-    check_device(config)
-    check_config(config)
-    check_engines(settings)
     # Resolved once: it may scan this machine's processes for a running cluster.
     joining = joins_running_cluster(config.ray_kwargs.ray_init.get("address"))
+    check_device(config, joining)
+    check_config(config)
+    check_engines(settings)
     if str(config.trainer.get("device", "cuda")) == "cpu":
         prepare_cpu(config, joining)
     if joining:
