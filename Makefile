@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test check protos check-protos lint format docs docs-tables install install-dev engine-venv agl1-venv venvs bench clean
+.PHONY: multinode-test demo test check protos check-protos lint format docs docs-tables install install-dev engine-venv agl1-venv venvs bench clean
 
 # The installer. uv (pinned, put in a venv of its own, .venv-uv, from PyPI on first use) resolves and downloads in
 # parallel and hardlinks every venv's files from one cache the venvs share, so a wheel two venvs need is fetched
@@ -124,6 +124,10 @@ ARGS ?=
 demo:
 	@$(MAKE) --no-print-directory -j$(JOBS) $(VENV)/.installed-dev $(ENGINE_VENV)/.installed-engine
 	$(PY) tools/demo.py $(ARGS)
+
+# The two-node Ray simulation (tools/multinode_sim.py), out of the default run for CI's time budget.
+multinode-test: venvs
+	$(PY) -m pytest tests/trainer/test_multinode.py -m multinode
 
 # --durations: CI's log names the slowest tests (its 90-minute limit is the budget they share).
 test: venvs
