@@ -106,8 +106,14 @@ def node_argv(resource: str, *, gpus: int, cpus: int, temp_dir: Path, head_gcs: 
 
 def ray_environment(extra: Mapping[str, str] = ()) -> dict[str, str]:
     """The raylets' environment (their workers and the job's entry point inherit it): this checkout first on the
-    path, no RAY_ADDRESS or AGL_* of the caller's."""
+    path, no RAY_ADDRESS or AGL_* of the caller's, and Ray's token authentication off.
+
+    Why off: Ray turns token auth on for `ray start` whenever ~/.ray/auth_token exists, and any earlier local
+    `ray.init()` on the machine writes that file; the nodes then refuse the state API calls of a process that has
+    no token loaded ("Missing authentication token"). Whether this loopback-only cluster authenticates must not
+    depend on what ran before it, so it is said explicitly."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith("AGL_")}
+    env["RAY_AUTH_MODE"] = "disabled"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
@@ -162,17 +168,26 @@ def _wait_nodes(cluster: Cluster, count: int, timeout_s: float) -> None:
 
 @contextlib.contextmanager
 def two_node_cluster(
-    logs: Path, *, ranks_per_node: int = 1, env: Mapping[str, str] = (), start_timeout_s: float = 180.0
+    logs: Path,
+    *,
+    ranks_per_node: int = 1,
+    head_gpus: int | None = None,
+    env: Mapping[str, str] = (),
+    start_timeout_s: float = 180.0,
 ) -> Iterator[Cluster]:
     """A head and one more raylet on this machine, each with `ranks_per_node` logical GPUs (one per CPU training
-    rank) and the CPUs those ranks' bundles take (the head a few more: the task runner and the job's helpers)."""
+    rank) and the CPUs those ranks' bundles take (the head a few more: the task runner and the job's helpers).
+    `head_gpus` gives the head another GPU count (0: a CPU-only head with GPU workers, as on many clusters)."""
     logs.mkdir(parents=True, exist_ok=True)
     # Short and private: Ray's socket paths live under it (Unix sockets allow ~107 bytes).
     root = Path(tempfile.mkdtemp(prefix="agl-ray-"))
     environment = ray_environment(env)
     gcs, dashboard = f"127.0.0.1:{free_port()}", free_port()
     head_argv = node_argv(
-        HEAD, gpus=ranks_per_node, cpus=CPUS_PER_RANK * ranks_per_node + HEAD_EXTRA_CPUS, temp_dir=root / "head"
+        HEAD,
+        gpus=ranks_per_node if head_gpus is None else head_gpus,
+        cpus=CPUS_PER_RANK * ranks_per_node + HEAD_EXTRA_CPUS,
+        temp_dir=root / "head",
     )
     head_argv += [f"--port={gcs.rsplit(':', 1)[1]}", f"--dashboard-port={dashboard}"]
     cluster = Cluster(gcs, f"http://127.0.0.1:{dashboard}", [])
@@ -217,6 +232,7 @@ def submit(
         argv += ["--runtime-env-json", json.dumps({"env_vars": dict(env_vars)})]
     argv += ["--", *entrypoint]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_AUTH_MODE"] = "disabled"  # as the nodes (ray_environment)
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False, env=env)
 
 

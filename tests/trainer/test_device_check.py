@@ -7,12 +7,6 @@ A real two-node Ray cluster on this machine: a head started with `--num-gpus=0` 
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +15,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from services.trainer.config import CONFIG_DIR, CONFIG_NAME, ConfigError
-from tests.support.procs import free_port
+from tools.multinode_sim import two_node_cluster
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # verl's and Ray's import-time deprecation warnings
@@ -31,60 +25,20 @@ with warnings.catch_warnings():
 
 pytestmark = [pytest.mark.trainer, pytest.mark.timeout(240)]
 
-RAY = Path(sys.executable).with_name("ray")
 RUNNABLE = ("agl.launch.agent_class=examples.math_agent.agent:MathAgent", "data.train_files=/srv/tasks.jsonl")
-
-
-def _node(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
-    """`ray start --block` in its own process group: teardown ends this node's processes and no one else's."""
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [str(RAY), "start", "--block", *args], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-
-def _wait_gpus(address: str, nodes: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
-    """Until both nodes are in the cluster (the worker's GPU counted)."""
-    deadline = time.monotonic() + 120
-    ray.init(address=address, logging_level="ERROR")
-    try:
-        while ray.cluster_resources().get("GPU", 0) < 1:
-            if time.monotonic() > deadline or any(node.poll() is not None for node in nodes):
-                pytest.fail("the two-node cluster did not come up:\n" + "\n".join(p.read_text()[-1500:] for p in logs))
-            time.sleep(0.5)
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture
 def cpu_head_with_gpu_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    # Short temp dir: Ray's socket paths must stay under the unix socket limit.
-    temp = Path("/tmp") / f"agl-ray-{os.getpid()}"
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    address = f"127.0.0.1:{free_port()}"
-    logs = [tmp_path / "head.log", tmp_path / "worker.log"]
-    nodes = [
-        _node(env, logs[0], "--head", f"--port={address.split(':')[1]}", "--num-gpus=0", "--num-cpus=4",
-              f"--temp-dir={temp}", "--include-dashboard=false", "--disable-usage-stats"),
-    ]  # fmt: skip
-    try:
-        time.sleep(3)
-        nodes.append(_node(env, logs[1], f"--address={address}", "--num-gpus=1", "--num-cpus=4"))
-        _wait_gpus(address, nodes, logs)
-        monkeypatch.setenv("RAY_ADDRESS", address)
-        yield address
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        for node in reversed(nodes):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(node.pid, signal.SIGTERM)
-        for node in reversed(nodes):
-            try:
-                node.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(node.pid, signal.SIGKILL)
-                node.wait()
+    # The simulation's cluster: loopback node addresses, free ports for every raylet service, private temp dirs,
+    # and both nodes seen alive before the test goes on (a fixed sleep raced the head's start on a loaded CI).
+    with two_node_cluster(tmp_path / "ray", ranks_per_node=1, head_gpus=0) as cluster:
+        monkeypatch.setenv("RAY_ADDRESS", cluster.gcs_address)
+        try:
+            yield cluster.gcs_address
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
 
 
 def _config(*overrides: str):
