@@ -313,12 +313,12 @@ class Controller:
                 log.warning("rollout %s: could not fail it (%s): %s", rollout_id, err.code().name, err.details())
                 self._offer_later(rollout)
             return
-        self._metrics.failed.labels(INVALID_CONFIG).inc()
+        self._metrics.rollouts_failed.labels(INVALID_CONFIG).inc()
         log.info("rollout %s: failed before launch: %s", rollout_id, printable(reason))
 
     async def _run(self, plan: LaunchPlan, rollout: rollout_pb2.Rollout) -> None:
-        def on_launched() -> None:
-            self._metrics.launched.inc()
+        def on_launched(mode: str) -> None:
+            self._metrics.launched.labels(mode).inc()
             enqueued = rollout.status.create_time.ToNanoseconds() / 1e9
             if enqueued > 0:
                 self._metrics.launch_latency.observe(max(time.time() - enqueued, 0.0))
@@ -378,7 +378,6 @@ class Controller:
         reason = "succeeded" if outcome.succeeded else (outcome.kind or "other")
         self._metrics.attempts_ended.labels(reason, str(min(number, 10))).inc()
         if outcome.succeeded:
-            self._metrics.succeeded.inc()
             log.info("rollout %s: succeeded (attempt %s)", rollout_id, attempt_id)
         elif rollout.status.state == QUEUING:
             self._metrics.retried.labels(reason).inc()
@@ -387,7 +386,7 @@ class Controller:
                 rollout_id, attempt_id, number, printable(outcome.reason), len(rollout.status.attempts) + 1,
             )  # fmt: skip
         else:
-            self._metrics.failed.labels(reason).inc()
+            self._metrics.rollouts_failed.labels(reason).inc()
             log.info("rollout %s: failed (attempt %s): %s", rollout_id, attempt_id, printable(outcome.reason))
 
     async def _already(self, rollout_id: str, attempt_id: str, state: int) -> rollout_pb2.Rollout | None:

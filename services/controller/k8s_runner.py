@@ -34,6 +34,9 @@ from .rate_limit import TokenBucket
 from .runner import LaunchPlan, template_context, timeout_of
 from .template_lanes import TemplateRenderer
 
+# The launch mode of agl_controller_launched_total for an attempt run as a Kubernetes Job.
+JOB = "job"
+
 log = logging.getLogger(__name__)
 
 
@@ -139,7 +142,7 @@ class K8sRunner:
     async def admit(self) -> None:
         await self._bucket.take()
 
-    async def run(self, plan: LaunchPlan, launched: Callable[[], None]) -> Outcome:
+    async def run(self, plan: LaunchPlan, launched: Callable[[str], None]) -> Outcome:
         name = plan.detail["metadata"]["name"]
         tracked = self._track(plan.rollout_id, plan.attempt_id, name)
         try:
@@ -147,7 +150,7 @@ class K8sRunner:
             if isinstance(created, Outcome):
                 return created
             tracked.created_at = time.monotonic()
-            launched()
+            launched(JOB)
             self._observe(tracked, created)  # an adopted Job may have finished already
             return await asyncio.shield(tracked.future)
         finally:

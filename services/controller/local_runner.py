@@ -228,7 +228,7 @@ class LocalRunner:
     async def admit(self) -> None:
         return None
 
-    async def run(self, plan: LaunchPlan, launched: Callable[[], None]) -> Outcome:
+    async def run(self, plan: LaunchPlan, launched: Callable[[str], None]) -> Outcome:
         launch: LocalLaunch = plan.detail
         claimed = time.monotonic()
         if launch.mode == WARM:
@@ -249,7 +249,7 @@ class LocalRunner:
             self._notices.expect(plan.attempt_id, running)
 
     async def _run_warm(
-        self, plan: LaunchPlan, launch: LocalLaunch, launched: Callable[[], None], claimed: float
+        self, plan: LaunchPlan, launch: LocalLaunch, launched: Callable[[str], None], claimed: float
     ) -> Outcome:
         """Forked by the module's launcher. Raises LauncherUnavailable when nothing was forked (run it fresh)."""
         assert self._pool is not None
@@ -288,8 +288,7 @@ class LocalRunner:
                 return Outcome.failure(LAUNCHER_DIED, reason)
         self._write_pid(launch.pid_path, pid, plan.attempt_id)
         log.info("rollout %s: attempt %s forked as pid %d", plan.rollout_id, plan.attempt_id, pid)
-        self._metrics.agent_launches.labels(WARM).inc()
-        launched()
+        launched(WARM)
         try:
             try:
                 returncode = await launcher.wait(plan.attempt_id, plan.timeout_s)
@@ -337,7 +336,7 @@ class LocalRunner:
         return outcome
 
     async def _run_process(
-        self, plan: LaunchPlan, launch: LocalLaunch, launched: Callable[[], None], claimed: float
+        self, plan: LaunchPlan, launch: LocalLaunch, launched: Callable[[str], None], claimed: float
     ) -> Outcome:
         argv, pass_fds = launch.argv, []
         if launch.mode != COMMAND and self._notices is not None:
@@ -386,9 +385,7 @@ class LocalRunner:
                     os.close(result_fd)
         self._write_pid(launch.pid_path, proc.pid, plan.attempt_id)
         log.info("rollout %s: attempt %s started as pid %d", plan.rollout_id, plan.attempt_id, proc.pid)
-        if launch.mode != COMMAND:
-            self._metrics.agent_launches.labels(FRESH).inc()
-        launched()
+        launched(COMMAND if launch.mode == COMMAND else FRESH)  # a warm one that fell back is fresh
         try:
             try:
                 returncode = await asyncio.wait_for(proc.wait(), plan.timeout_s)

@@ -36,11 +36,23 @@ _START_BUCKETS = (
 class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        self.launched = Counter("agl_controller_launched", "Attempts launched.", registry=self.registry)
+        # One family per fact: how many attempts started, and how (a Job, a forked or fresh agent class, a command);
+        # launches per second is rate() of it.
+        self.launched = Counter(
+            "agl_controller_launched",
+            "Attempts launched, by how: warm (forked by a launcher), fresh (a new interpreter running the agent "
+            "class), command (the template's argv), job (a Kubernetes Job).",
+            ["mode"],
+            registry=self.registry,
+        )
         self.running = Gauge("agl_controller_running", "Attempts running now.", registry=self.registry)
-        self.succeeded = Counter("agl_controller_succeeded", "Rollouts reported succeeded.", registry=self.registry)
-        self.failed = Counter(
-            "agl_controller_failed", "Rollouts reported failed, by reason.", ["reason"], registry=self.registry
+        # Successes are attempts_ended{reason="succeeded"} (a success always ends the rollout); final failures are
+        # their own fact: an attempt that failed may be retried, and a bad config fails the rollout before any.
+        self.rollouts_failed = Counter(
+            "agl_controller_rollouts_failed",
+            "Rollouts this controller ended as failed (no retry left, or refused before launch), by reason.",
+            ["reason"],
+            registry=self.registry,
         )
         self.attempts_ended = Counter(
             "agl_controller_attempts_ended",
@@ -66,13 +78,6 @@ class ControllerMetrics:
             "agl_controller_launch_latency_seconds",
             "From the rollout's creation (enqueue) to its agent running.",
             buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self.agent_launches = Counter(
-            "agl_controller_agent_launches",
-            "Agent-class launches by how they started (warm: forked by a launcher; fresh: a new interpreter); "
-            "launches per second is rate() of it.",
-            ["mode"],
             registry=self.registry,
         )
         self.agent_start = Histogram(

@@ -43,8 +43,9 @@ class Runner(Protocol):
     async def admit(self) -> None:
         """Waits until one more launch is allowed (rate limit); called before claiming."""
 
-    async def run(self, plan: LaunchPlan, launched: Callable[[], None]) -> Outcome:
-        """Launches the claimed attempt, calls launched() once it runs, and returns how it ended."""
+    async def run(self, plan: LaunchPlan, launched: Callable[[str], None]) -> Outcome:
+        """Launches the claimed attempt, calls launched(mode) once it runs (mode: how it was started, a label of
+        agl_controller_launched_total), and returns how it ended."""
 
     async def resume(self, rollout: rollout_pb2.Rollout, cause: str = "") -> Outcome:
         """For a rollout an earlier run of this controller left running, or (`cause` says why) one taken over from a

@@ -59,9 +59,10 @@ async def test_agent_calls_the_model_and_posts_a_reward_through_the_proxy(
         assert events[0].model_request.response_token_ids
         assert events[1].reward.value == 1.0
         assert all(event.attempt_id == rollout.status.attempt_id for event in events)
-        metrics = read_metrics(controller.metrics_url, {"agl_controller_succeeded_total": 1})
-        assert metric(metrics, "agl_controller_succeeded_total") == 1
-        assert metric(metrics, "agl_controller_launched_total") == 1
+        ended = 'agl_controller_attempts_ended_total{attempt="1",reason="succeeded"}'
+        metrics = read_metrics(controller.metrics_url, {ended: 1})
+        assert metric(metrics, ended) == 1
+        assert metric(metrics, 'agl_controller_launched_total{mode="warm"}') == 1
         assert metric(metrics, "agl_controller_launch_latency_seconds_count") == 1
 
 
@@ -116,11 +117,11 @@ async def test_failures_carry_precise_reasons(stack: Stack, ledger: LedgerClient
         assert "/nonexistent/agent-binary" in reason[no_program.rollout_id]
 
         kinds = ("timeout", "spawn_error", "invalid_config")
-        expected = {f'agl_controller_failed_total{{reason="{kind}"}}': 1 for kind in kinds}
+        expected = {f'agl_controller_rollouts_failed_total{{reason="{kind}"}}': 1 for kind in kinds}
         metrics = read_metrics(controller.metrics_url, expected)
-        assert metric(metrics, 'agl_controller_failed_total{reason="invalid_config"}') == 1
-        assert metric(metrics, 'agl_controller_failed_total{reason="timeout"}') == 1
-        assert metric(metrics, 'agl_controller_failed_total{reason="spawn_error"}') == 1
+        assert metric(metrics, 'agl_controller_rollouts_failed_total{reason="invalid_config"}') == 1
+        assert metric(metrics, 'agl_controller_rollouts_failed_total{reason="timeout"}') == 1
+        assert metric(metrics, 'agl_controller_rollouts_failed_total{reason="spawn_error"}') == 1
 
 
 async def test_timeout_kills_the_whole_process_group(stack: Stack, ledger: LedgerClient, tmp_path: Path) -> None:

@@ -22,6 +22,18 @@ KILL_GRACE_S = 5.0
 EXIT_WITHIN_S = KILL_GRACE_S + 1.0
 
 
+def started_at(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot, /proc/PID/stat field 22), None when it is gone or a zombie:
+    with the pid, what names one process. A pid alone is not enough: seen here, a pid that had been an agent's
+    `sleep` belonged moments after the shutdown to a new child of pytest."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return None if fields[0] == "Z" else int(fields[19])
+
+
 def processes_matching(text: str) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
@@ -51,7 +63,8 @@ async def test_sigterm_exits_within_the_kill_grace_while_an_agent_runs_and_a_lau
         while not (processes_matching(marker) and processes_matching("--module tests.controller.agents.slow_import")):
             assert time.monotonic() < deadline, "the agent or the launcher never started"
             await asyncio.sleep(0.05)
-        leftovers = processes_matching(marker) + processes_matching("--module tests.controller.agents.slow_import")
+        found = processes_matching(marker) + processes_matching("--module tests.controller.agents.slow_import")
+        leftovers = {pid: started_at(pid) for pid in found}
         started = time.monotonic()
         controller.process.proc.send_signal(signal.SIGTERM)
         try:
@@ -61,7 +74,7 @@ async def test_sigterm_exits_within_the_kill_grace_while_an_agent_runs_and_a_lau
         took = time.monotonic() - started
     assert returncode == 0, f"the controller did not exit within {EXIT_WITHIN_S} s of SIGTERM"
     assert took < EXIT_WITHIN_S
-    assert not [pid for pid in leftovers if pid_alive(pid)]
+    assert not [pid for pid, start in leftovers.items() if start is not None and started_at(pid) == start]
     done = await wait_for(ledger, [r.rollout_id for r in created])
     for rollout in done.values():
         assert rollout.status.state == FAILED

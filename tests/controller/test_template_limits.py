@@ -47,7 +47,8 @@ async def test_hostile_templates_fail_their_rollouts_and_hold_up_no_other(
         done = await wait_for(ledger, [r.rollout_id for r in bad], timeout_s=60)
         k8s.complete_job(NS, wait_job(k8s, good.rollout_id)["metadata"]["name"])
         finished = await wait_for(ledger, [good.rollout_id])
-        metrics = read_metrics(controller.metrics_url, {'agl_controller_failed_total{reason="invalid_config"}': 6})
+        refused = 'agl_controller_rollouts_failed_total{reason="invalid_config"}'
+        metrics = read_metrics(controller.metrics_url, {refused: 6})
         controller_alive = controller.process.alive()
     assert finished[good.rollout_id].status.state == SUCCEEDED
     for rollout, (name, (_, expected)) in zip(bad, HOSTILE.items(), strict=True):
@@ -56,7 +57,8 @@ async def test_hostile_templates_fail_their_rollouts_and_hold_up_no_other(
         assert status.failure_reason == rollout_pb2.FAILURE_REASON_INVALID_CONFIG, name
         assert status.error_message.startswith("invalid Job template"), (name, status.error_message)
         assert expected in status.error_message, (name, status.error_message)
-    assert 'agl_controller_failed_total{reason="invalid_config"} 6.0' in metrics
+    assert f"{refused} 6.0" in metrics
+    assert 'agl_controller_launched_total{mode="job"} 1.0' in metrics  # only the good one was launched
     assert controller_alive
     assert k8s.created == [wait_job(k8s, good.rollout_id)["metadata"]["name"]]
 

@@ -121,7 +121,7 @@ async def test_crashing_agents_get_their_reasons_and_the_launcher_keeps_serving(
         [ok] = await ledger.create_rollouts([spec(agent_class=f"{WARM}:ImportEnvAgent")])
         after = (await wait_for(ledger, [ok.rollout_id]))[ok.rollout_id]
         launchers = {launcher_of(controller.log_dir, r.rollout_id) for r in [*created, ok]}
-        metrics = read_metrics(controller.metrics_url, {'agl_controller_failed_total{reason="exit_code"}': 3})
+        metrics = read_metrics(controller.metrics_url, {'agl_controller_rollouts_failed_total{reason="exit_code"}': 3})
     reason = {name: done[r.rollout_id].status.error_message for name, r in zip(names, created, strict=True)}
     assert all(done[r.rollout_id].status.state == FAILED for r in created), reason
     assert reason["ExitAgent"].startswith("agent exited with code 3 ")
@@ -133,9 +133,9 @@ async def test_crashing_agents_get_their_reasons_and_the_launcher_keeps_serving(
     assert after.status.state == SUCCEEDED, after.status.error_message
     [launcher] = launchers  # every one forked by the same launcher, which outlived the crashes
     assert launcher is not None
-    assert metric(metrics, 'agl_controller_failed_total{reason="exit_code"}') == 3
-    assert metric(metrics, 'agl_controller_failed_total{reason="signal"}') == 1
-    assert metric(metrics, 'agl_controller_agent_launches_total{mode="warm"}') == 5
+    assert metric(metrics, 'agl_controller_rollouts_failed_total{reason="exit_code"}') == 3
+    assert metric(metrics, 'agl_controller_rollouts_failed_total{reason="signal"}') == 1
+    assert metric(metrics, 'agl_controller_launched_total{mode="warm"}') == 5
 
 
 async def test_a_killed_launcher_fails_its_rollouts_and_is_restarted_without_launching_twice(
@@ -172,7 +172,7 @@ async def test_a_killed_launcher_fails_its_rollouts_and_is_restarted_without_lau
     assert new_launcher is not None and new_launcher != launcher
     assert len(family) >= 4
     assert metric(metrics, "agl_controller_launcher_restarts_total") == 1
-    assert metric(metrics, 'agl_controller_failed_total{reason="launcher_died"}') == 3
+    assert metric(metrics, 'agl_controller_rollouts_failed_total{reason="launcher_died"}') == 3
     lines = [line.split() for line in marks.read_text().splitlines()]
     assert sorted(label for label, _, _ in lines) == ["hang", "hang", "mark"]
     assert len({url for _, url, _ in lines}) == 3  # one launch per attempt, none repeated
@@ -210,8 +210,8 @@ async def test_the_unmodified_math_agent_runs_warm_and_fresh(
             assert [e.WhichOneof("payload") for e in events] == ["model_request", "reward"]
     assert None not in launchers[:4] and len(set(launchers[:4])) == 1
     assert launchers[4] is None  # the label asked for a fresh interpreter
-    assert metric(metrics, 'agl_controller_agent_launches_total{mode="warm"}') == 4
-    assert metric(metrics, 'agl_controller_agent_launches_total{mode="fresh"}') == 1
+    assert metric(metrics, 'agl_controller_launched_total{mode="warm"}') == 4
+    assert metric(metrics, 'agl_controller_launched_total{mode="fresh"}') == 1
     for mode in ("warm", "fresh"):
         assert metric(metrics, f'agl_controller_agent_start_seconds_count{{mode="{mode}"}}') == expected.get(
             f'agl_controller_agent_start_seconds_count{{mode="{mode}"}}'
@@ -280,10 +280,10 @@ async def test_an_agent_module_that_starts_threads_runs_in_fresh_interpreters(
     with run_controller(stack, tmp_path) as controller:
         [created] = await ledger.create_rollouts([spec(agent_class="tests.controller.agents.threaded:ThreadedAgent")])
         rollout = (await wait_for(ledger, [created.rollout_id]))[created.rollout_id]
-        metrics = read_metrics(controller.metrics_url, {'agl_controller_agent_launches_total{mode="fresh"}': 1})
+        metrics = read_metrics(controller.metrics_url, {'agl_controller_launched_total{mode="fresh"}': 1})
     assert rollout.status.state == SUCCEEDED, rollout.status.error_message
     assert launcher_of(controller.log_dir, created.rollout_id) is None
-    assert metric(metrics, 'agl_controller_agent_launches_total{mode="fresh"}') == 1
+    assert metric(metrics, 'agl_controller_launched_total{mode="fresh"}') == 1
     assert "starts threads at import" in controller.process.log_text()
 
 
