@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 import grpc
 
+from services import wire
 from services._gen.agl.v1 import ledger_service_pb2
-from services.ledger import wire  # plain protobuf wire encoding, no server code
 
 from .retry import RetryPolicy
 
@@ -48,10 +48,14 @@ class _Unanswered:
     future: asyncio.Future[Response]
 
 
+_REQUEST_ID_TAG = wire.varint(wire.number(ledger_service_pb2.StreamAppendEventsRequest, "request_id") << 3)
+_APPEND_FIELD = wire.number(ledger_service_pb2.StreamAppendEventsRequest, "append")
+
+
 def frame(request_id: int, request: bytes) -> bytes:
-    """StreamAppendEventsRequest{request_id, append} around an already serialized AppendEventsRequest (field 1 is
-    a varint, field 2 length-delimited), so the events are not parsed and encoded again."""
-    return b"\x08" + wire.varint(request_id) + wire.field(2, request)
+    """StreamAppendEventsRequest{request_id, append} around an already serialized AppendEventsRequest, so the
+    events are not parsed and encoded again."""
+    return _REQUEST_ID_TAG + wire.varint(request_id) + wire.field(_APPEND_FIELD, request)
 
 
 def _error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:

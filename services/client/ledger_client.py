@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from services import wire
 from services._gen.agl.v1 import (
     event_pb2,
     ledger_service_pb2,
@@ -28,7 +29,6 @@ from services._gen.agl.v1 import (
     proxy_control_pb2,
     rollout_pb2,
 )
-from services.ledger import wire  # plain protobuf wire encoding, no server code
 
 from .append_batcher import AppendBatcher
 from .append_stream import AppendStream
@@ -47,8 +47,8 @@ _DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _APPEND_METHOD = "/agl.v1.LedgerService/AppendEvents"
 _APPEND_STREAM_METHOD = "/agl.v1.LedgerService/StreamAppendEvents"
 _STREAM_MESSAGE_BYTES = 512 * 1024
-_EVENTS_FIELD = ledger_service_pb2.AppendEventsRequest.DESCRIPTOR.fields_by_name["events"].number
-_EVENT_ID_FIELD = event_pb2.Event.DESCRIPTOR.fields_by_name["event_id"].number
+_EVENTS_FIELD = wire.number(ledger_service_pb2.AppendEventsRequest, "events")
+_EVENT_ID_FIELD = wire.number(event_pb2.Event, "event_id")
 _ALLOW_TERMINAL = ledger_service_pb2.AppendEventsRequest(allow_terminal=True).SerializeToString()
 
 

@@ -18,10 +18,11 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
+from services import wire
 from services._gen.agl.v1 import ledger_service_pb2 as pb
 from services._gen.agl.v1 import rollout_pb2
 
-from . import errors, feeds, wire
+from . import errors, feeds
 from .ledger import DELETE, Ledger
 from .paging import page_size, parse_token
 
@@ -103,10 +104,23 @@ def _serialize(message: Message | bytes) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
+_CURSOR_TAG = wire.varint(wire.number(pb.TerminalRollout, "cursor") << 3 | wire.VARINT)
+_ROLLOUT_FIELD = wire.number(pb.TerminalRollout, "rollout")
+_EVENTS_FIELD = wire.number(pb.TerminalRollout, "events")
+_LIST_EVENTS_FIELD = wire.number(pb.ListEventsResponse, "events")
+_WATCH_ENTRY_FIELD = wire.number(pb.WatchTerminalRolloutsResponse, "entry")
+_LIST_ENTRIES_FIELD = wire.number(pb.ListTerminalRolloutsResponse, "entries")
+
+
 def _terminal_entry(cursor: int, rollout: rollout_pb2.Rollout, events: list[bytes]) -> bytes:
-    """A serialized TerminalRollout (cursor = 1, rollout = 2, events = 3) with stored events spliced in unparsed."""
+    """A serialized TerminalRollout (cursor, rollout, events) with stored events spliced in unparsed."""
     return b"".join(
-        (b"\x08", wire.varint(cursor), wire.field(2, rollout.SerializeToString()), wire.repeated(3, events))
+        (
+            _CURSOR_TAG,
+            wire.varint(cursor),
+            wire.field(_ROLLOUT_FIELD, rollout.SerializeToString()),
+            wire.repeated(_EVENTS_FIELD, events),
+        )
     )
 
 
@@ -260,7 +274,8 @@ class LedgerServicer:
             request.page_size,
             request.page_token,
         )
-        return wire.repeated(1, events) + pb.ListEventsResponse(next_page_token=token).SerializeToString()
+        tail = pb.ListEventsResponse(next_page_token=token).SerializeToString()
+        return wire.repeated(_LIST_EVENTS_FIELD, events) + tail
 
     # -- streams ---------------------------------------------------------------------------------------------------
 
@@ -278,14 +293,14 @@ class LedgerServicer:
         feed = feeds.watch_terminal(self.ledger, request.after_cursor, request.label_selector, request.include_events)
         async with contextlib.aclosing(feed):
             async for item in feed:
-                yield wire.field(1, _terminal_entry(*item))
+                yield wire.field(_WATCH_ENTRY_FIELD, _terminal_entry(*item))
 
     @rpc
     async def ListTerminalRollouts(self, request: pb.ListTerminalRolloutsRequest, context: Any) -> bytes:
         items, reached = await feeds.list_terminal(
             self.ledger, request.after_cursor, request.label_selector, request.include_events, request.page_size
         )
-        entries = wire.repeated(1, (_terminal_entry(*item) for item in items))
+        entries = wire.repeated(_LIST_ENTRIES_FIELD, (_terminal_entry(*item) for item in items))
         return entries + pb.ListTerminalRolloutsResponse(next_cursor=reached).SerializeToString()
 
     # -- models ----------------------------------------------------------------------------------------------------

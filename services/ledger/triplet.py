@@ -20,20 +20,61 @@ import math
 import struct
 from collections.abc import Iterable
 
+from services import wire
 from services._gen.agl.v1 import event_pb2
 
-from . import wire
 from .validation import MODEL_REQUEST, REWARD
 
 _MODEL_REQUEST_TYPE = MODEL_REQUEST.encode()
 _REWARD_TYPE = REWARD.encode()
 
-# Event: fields 1-6 (ids, sequence, type, time) go with the trimmed form; 10 model_request, 11 reward, 12 data_json.
-_HEADER_LAST = 6
-_MODEL_REQUEST, _REWARD, _DATA_JSON = 10, 11, 12
-# ModelRequest: 3 prompt and 4 response token ids, 5 log-probs (packed), 6 has_response_logprobs.
-_PROMPT = 3
-_REWARD_KNOWN = frozenset(range(1, 6))
+# Event: the header fields (ids, sequence, type, time) go with the trimmed form, then one payload of the oneof.
+# Numbers come from the descriptors; the scanner relies on every header field numbering below every payload
+# field and on the payloads being model_request, reward and data_json in that order, which is checked here.
+_EVENT = event_pb2.Event.DESCRIPTOR
+_PAYLOAD = [field.number for field in _EVENT.oneofs_by_name["payload"].fields]
+_HEADER = [field.number for field in _EVENT.fields if field.containing_oneof is None]
+_HEADER_LAST = max(_HEADER)
+_MODEL_REQUEST = wire.number(event_pb2.Event, "model_request")
+_REWARD = wire.number(event_pb2.Event, "reward")
+_DATA_JSON = wire.number(event_pb2.Event, "data_json")
+if not (_HEADER_LAST < _MODEL_REQUEST < _REWARD < _DATA_JSON and _PAYLOAD == [_MODEL_REQUEST, _REWARD, _DATA_JSON]):
+    raise ImportError(f"agl.v1.Event's field layout changed (header {_HEADER}, payload {_PAYLOAD}): update triplet.py")
+_EVENT_TYPE = wire.number(event_pb2.Event, "event_type")
+_HEADER_NAMES = tuple(field.name for field in _EVENT.fields if field.containing_oneof is None)
+
+# What the triplet form keeps, by name: the one list both the wire path (its runs, below) and the message path use.
+_MR_KEPT = ("prompt_token_ids", "response_token_ids", "model", "model_version", "finish_reason", "status", "tool_calls")
+_MR_USABLE = ("response_logprobs", "has_response_logprobs")  # kept when the log-probs line up and are finite
+_REWARD_KEPT = ("value", "source", "reason")
+
+_PROMPT = wire.number(event_pb2.ModelRequest, "prompt_token_ids")
+_RESPONSE_IDS = wire.number(event_pb2.ModelRequest, "response_token_ids")
+_LOGPROBS = wire.number(event_pb2.ModelRequest, "response_logprobs")
+_HAS_LOGPROBS = wire.number(event_pb2.ModelRequest, "has_response_logprobs")
+# The packed fields, which a canonical encoding never sends unpacked.
+_PACKED = frozenset((_PROMPT, _RESPONSE_IDS, _LOGPROBS))
+_REWARD_KNOWN = frozenset(field.number for field in event_pb2.Reward.DESCRIPTOR.fields)
+
+
+Runs = tuple[tuple[int, ...], tuple[str, ...]]
+
+
+def _runs(message: type, kept: tuple[str, ...], usable: tuple[str, ...] = ()) -> Runs:
+    """Canonical encodings list fields by number, so the fields the view keeps and drops come in runs: the run of
+    each field number (index 0 unused) and each run's kind. Numbers must run 1..N without gaps: a gap's number
+    would be an unknown field the tables cannot place."""
+    fields = sorted(message.DESCRIPTOR.fields, key=lambda field: field.number)
+    if [field.number for field in fields] != list(range(1, len(fields) + 1)):
+        raise ImportError(f"{message.DESCRIPTOR.full_name}'s field numbers have gaps: update triplet.py")
+    run_of, kinds = [0], []
+    for field in fields:
+        kind = "kept" if field.name in kept else "usable" if field.name in usable else "dropped"
+        if not kinds or kinds[-1] != kind:
+            kinds.append(kind)
+        run_of.append(len(kinds) - 1)
+    return tuple(run_of), tuple(kinds)
+
 
 _HIGH_BYTES = bytes(range(0x80, 0x100))
 _PROMPT_TAG = (_PROMPT << 3) | wire.LEN
@@ -62,8 +103,8 @@ def split(data: bytes) -> tuple[bytes, int]:
 
 
 def _split_wire(data: bytes) -> tuple[bytes, int]:
-    # Header fields (1-6, one-byte tags) and then, last, the payload. Wire types: 3 (sequence) is a varint, the
-    # rest length-delimited; anything else is not a canonical Event and takes the slow path.
+    # Header fields (one-byte tags) and then, last, the payload. Wire types: the sequence is a varint, the rest
+    # length-delimited; anything else is not a canonical Event and takes the slow path.
     pos, end, last = 0, len(data), 0
     event_type = b""
     while pos < end:
@@ -99,7 +140,7 @@ def _split_wire(data: bytes) -> tuple[bytes, int]:
             if dropped:
                 parts += (head, _size(len(dropped)), dropped)
             return b"".join(parts), cut
-        if number == 4:
+        if number == _EVENT_TYPE:
             event_type = data[value : value + size]
         pos = value + size
     if pos != end:
@@ -113,16 +154,20 @@ def _size(n: int) -> bytes:
     return bytes(((n & 0x7F) | 0x80, n >> 7)) if n < 0x4000 else wire.varint(n)
 
 
-# ModelRequest fields in canonical order run: [1-2 dropped][3-4 kept][5-6 kept when usable][7-8 kept][9-13 dropped]
-# [14-15 kept][16-17 dropped][18 kept]. The cut records where each run starts: _MR_RUN[number] is the run field
-# `number` belongs to.
-_MR_RUN = (0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 4, 4, 4, 5, 5, 6, 6, 7)
-_MR_RUNS = 8
-_MR_LAST = 18
+# ModelRequest fields in canonical order run (today: [1-2 dropped][3-4 kept][5-6 kept when usable][7-8 kept]
+# [9-13 dropped][14-15 kept][16-17 dropped][18 kept]). The cut records where each run starts: _MR_RUN[number] is
+# the run field `number` belongs to. The assembly at the end of _cut_model_request is written for this sequence of
+# kinds; a proto change that alters it fails at import rather than cutting wrongly.
+_MR_RUN, _MR_KINDS = _runs(event_pb2.ModelRequest, _MR_KEPT, _MR_USABLE)
+if _MR_KINDS != ("dropped", "kept", "usable", "kept", "dropped", "kept", "dropped", "kept"):
+    raise ImportError(f"agl.v1.ModelRequest's kept/dropped runs changed ({_MR_KINDS}): update triplet.py")
+_MR_RUNS = len(_MR_KINDS)
+_MR_LAST = len(_MR_RUN) - 1
 
 
 def _cut_model_request(data: bytes, pos: int, end: int) -> tuple[bytes, bytes]:
-    # The hot loop of every append: field numbers are literals here (4 response ids, 5 log-probs, 6 their flag).
+    # The hot loop of every append: the field numbers it tests are locals.
+    response_ids, logprobs, has_logprobs_field, packed = _RESPONSE_IDS, _LOGPROBS, _HAS_LOGPROBS, _PACKED
     runs: list[int] = [end] * (_MR_RUNS + 1)  # where each run starts (a run's end is the next one's start)
     runs[0] = pos
     run = last = 0
@@ -156,22 +201,22 @@ def _cut_model_request(data: bytes, pos: int, end: int) -> tuple[bytes, bytes]:
             else:
                 size, value = wire.read_varint(data, value)
             pos = value + size
-            if number == 4:
+            if number == response_ids:
                 response_start, response_end = value, pos
-            elif number == 5:
+            elif number == logprobs:
                 logprobs_start, logprobs_end = value, pos
         elif kind == 0:
-            if number == 6:
+            if number == has_logprobs_field:
                 has_logprobs = data[value] != 0
-            elif 3 <= number <= 5:  # packed fields sent unpacked
+            elif number in packed:  # packed fields sent unpacked
                 raise _Unusual
             pos = value
             while data[pos] >= 0x80:
                 pos += 1
             pos += 1
-        elif kind == 1 and not 3 <= number <= 5:
+        elif kind == 1 and number not in packed:
             pos = value + 8
-        elif kind == 5 and not 3 <= number <= 5:
+        elif kind == 5 and number not in packed:
             pos = value + 4
         else:
             raise _Unusual
@@ -201,8 +246,12 @@ def _finite_and_aligned(data: bytes, lp_start: int, lp_end: int, ids_start: int,
     return all(map(math.isfinite, struct.unpack_from(f"<{count}d", data, lp_start)))
 
 
-# Reward fields in canonical order run: [1 kept][2 dropped][3-4 kept][5 dropped].
-_REWARD_RUNS = (2, 3, 5)
+# Reward fields in canonical order run (today: [1 kept][2 dropped][3-4 kept][5 dropped]); _REWARD_RUNS holds the
+# first field number of each run after the first.
+_REWARD_RUN, _REWARD_KINDS = _runs(event_pb2.Reward, _REWARD_KEPT)
+if _REWARD_KINDS != ("kept", "dropped", "kept", "dropped"):
+    raise ImportError(f"agl.v1.Reward's kept/dropped runs changed ({_REWARD_KINDS}): update triplet.py")
+_REWARD_RUNS = tuple(n for n in range(2, len(_REWARD_RUN)) if _REWARD_RUN[n] != _REWARD_RUN[n - 1])
 
 
 def _cut_reward(data: bytes, start: int, end: int) -> tuple[bytes, bytes]:
@@ -227,16 +276,15 @@ def _split_messages(data: bytes) -> tuple[bytes, int]:
         return data, 0
     rest = event_pb2.Event()
     rest.CopyFrom(event)
-    for name in ("rollout_id", "attempt_id", "sequence", "event_type", "create_time", "event_id"):
+    for name in _HEADER_NAMES:
         rest.ClearField(name)
     if trimmed.HasField("model_request"):
-        names = ["prompt_token_ids", "response_token_ids", "model", "model_version", "finish_reason", "status"]
-        names.append("tool_calls")
+        names = list(_MR_KEPT)
         if trimmed.model_request.has_response_logprobs:
-            names += ["response_logprobs", "has_response_logprobs"]
+            names += _MR_USABLE
         payload = rest.model_request
     else:
-        names = ["value", "source", "reason"]
+        names = list(_REWARD_KEPT)
         payload = rest.reward
     for name in names:
         payload.ClearField(name)

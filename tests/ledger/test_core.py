@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from services import wire
 from services._gen.agl.v1 import event_pb2, ledger_service_pb2, proxy_control_pb2, rollout_pb2
-from services.ledger import feeds, states, wire
+from services.ledger import feeds, states
 from services.ledger.errors import (
     Aborted,
     AlreadyExists,

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from services import wire
 from services._gen.agl.v1 import event_pb2
-from services.ledger import triplet, wire
+from services.ledger import triplet
 from services.ledger.ledger import Ledger
 from services.ledger.sqlite_store import SqliteStore
 
