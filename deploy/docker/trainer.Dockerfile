@@ -31,17 +31,29 @@ RUN groupadd --system --gid 10001 agl \
     && useradd --system --uid 10001 --gid agl --home-dir /home/agl --create-home agl \
     && mkdir /weights && chown agl:agl /weights
 
+# A C compiler: torch's triton builds its launcher with the system compiler the first time a kernel is compiled
+# (vLLM compiles by default, the actor runs torch.compile); without one that step fails with "Failed to find C
+# compiler".
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 COPY pyproject.toml README.md /tmp/src/
 COPY services /tmp/src/services
+# The ledger, proxy and controller extras too: a node of this image can run the whole loop on its own (what
+# tools/gpu_smoke.py starts beside the trainer; the ledger needs grpc_reflection, only its extra brings it).
 # ray[default] brings the dashboard and job server that `ray job submit` talks to. pip first: the base image's
 # (Debian's 23.0 here) backtracks through wandb releases for many minutes on verl's requirements, today's
 # resolves them at once.
 RUN pip install --upgrade "pip>=25" \
     && if [ -n "${TORCH_INDEX_URL}" ]; then pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"; fi \
-    && pip install "/tmp/src[trainer]" "ray[default]" ${VLLM_SPEC:+"${VLLM_SPEC}"} \
+    && pip install "/tmp/src[trainer,ledger,proxy,controller,examples]" "ray[default]" ${VLLM_SPEC:+"${VLLM_SPEC}"} \
     && rm -rf /tmp/src
 
 COPY examples /app/examples
+# tools/ and deploy/: the GPU smoke run and the stack it starts (`python tools/gpu_smoke.py` from /app).
+COPY tools /app/tools
+COPY deploy /app/deploy
 USER 10001:10001
 WORKDIR /app
 # 6379: GCS, 8265: dashboard and job submission, 10001: Ray client.

@@ -137,6 +137,31 @@ def test_cpu_image_has_cpu_torch_verl_ray_and_no_vllm(podman: Podman, built: dic
     assert found["ray"] == version("ray"), found
 
 
+def test_the_image_has_what_the_gpu_smoke_and_a_compiled_kernel_need(podman: Podman, built: dict[str, float]) -> None:
+    # The whole loop's imports (the ledger's grpc_reflection among them) and tools/ + deploy/: gpu_smoke's imports
+    # run before its argument parser, so --help exits 0 only when all of them resolve.
+    smoke = podman.run(
+        "run", "--rm", "--entrypoint", "python", IMAGE.tag, "tools/gpu_smoke.py", "--help", check=False, timeout=300
+    )
+    assert smoke.returncode == 0, smoke.stderr[-2000:]
+    assert "usage: gpu_smoke.py" in smoke.stdout
+    found = _python_in_image(
+        podman,
+        "import importlib.util as u, json, shutil;"
+        "import services.ledger.server, services.proxy.app, services.controller.controller;"
+        "print(json.dumps({'reflection': u.find_spec('grpc_reflection') is not None, 'cc': shutil.which('gcc')}))",
+    )
+    assert found["reflection"], found
+    assert found["cc"], found  # triton's launcher build finds a compiler
+    # And it links: a C file to a shared object, as triton builds its launcher.
+    compile_ = podman.run(
+        "run", "--rm", "--entrypoint", "sh", IMAGE.tag, "-c",
+        "cd /tmp && printf 'int f(void){return 1;}' > k.c && gcc -shared -fPIC -o k.so k.c && test -s k.so",
+        check=False, timeout=120,
+    )  # fmt: skip
+    assert compile_.returncode == 0, compile_.stderr[-2000:]
+
+
 def test_the_compose_service_and_the_harness_build_the_same_cpu_variant() -> None:
     build = _ray_head_service()["build"]
     assert build["dockerfile"] == f"deploy/docker/{IMAGE.dockerfile}"
