@@ -10,6 +10,8 @@ from google.protobuf import message as pb_message
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import strategies as st
 
+from services import wire
+
 NASTY_IDS = [
     "",
     "ro-1",
@@ -144,16 +146,4 @@ def with_invalid_utf8(data: bytes, descriptor: Descriptor) -> bytes:
     if not strings:
         return data + b"\xff"
     tag = (strings[0].number << 3) | 2
-    return data + _varint(tag) + b"\x03\xff\xfe\xc0"
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    return data + wire.varint(tag) + b"\x03\xff\xfe\xc0"
