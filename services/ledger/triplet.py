@@ -33,7 +33,8 @@ _REWARD_TYPE = REWARD.encode()
 # field and on the payloads being model_request, reward and data_json in that order, which is checked here.
 _EVENT = event_pb2.Event.DESCRIPTOR
 _PAYLOAD = [field.number for field in _EVENT.oneofs_by_name["payload"].fields]
-_HEADER = [field.number for field in _EVENT.fields if field.containing_oneof is None]
+_HEADER_FIELDS = [field for field in _EVENT.fields if field.containing_oneof is None]
+_HEADER = [field.number for field in _HEADER_FIELDS]
 _HEADER_LAST = max(_HEADER)
 _MODEL_REQUEST = wire.number(event_pb2.Event, "model_request")
 _REWARD = wire.number(event_pb2.Event, "reward")
@@ -41,7 +42,7 @@ _DATA_JSON = wire.number(event_pb2.Event, "data_json")
 if not (_HEADER_LAST < _MODEL_REQUEST < _REWARD < _DATA_JSON and _PAYLOAD == [_MODEL_REQUEST, _REWARD, _DATA_JSON]):
     raise ImportError(f"agl.v1.Event's field layout changed (header {_HEADER}, payload {_PAYLOAD}): update triplet.py")
 _EVENT_TYPE = wire.number(event_pb2.Event, "event_type")
-_HEADER_NAMES = tuple(field.name for field in _EVENT.fields if field.containing_oneof is None)
+_HEADER_NAMES = tuple(field.name for field in _HEADER_FIELDS)
 
 # What the triplet form keeps, by name: the one list both the wire path (its runs, below) and the message path use.
 _MR_KEPT = ("prompt_token_ids", "response_token_ids", "model", "model_version", "finish_reason", "status", "tool_calls")
@@ -57,10 +58,10 @@ _PACKED = frozenset((_PROMPT, _RESPONSE_IDS, _LOGPROBS))
 _REWARD_KNOWN = frozenset(field.number for field in event_pb2.Reward.DESCRIPTOR.fields)
 
 
-Runs = tuple[tuple[int, ...], tuple[str, ...]]
+_Runs = tuple[tuple[int, ...], tuple[str, ...]]
 
 
-def _runs(message: type, kept: tuple[str, ...], usable: tuple[str, ...] = ()) -> Runs:
+def _runs(message: type, kept: tuple[str, ...], usable: tuple[str, ...] = ()) -> _Runs:
     """Canonical encodings list fields by number, so the fields the view keeps and drops come in runs: the run of
     each field number (index 0 unused) and each run's kind. Numbers must run 1..N without gaps: a gap's number
     would be an unknown field the tables cannot place."""
