@@ -20,7 +20,9 @@ IMAGES = {
     ("proxy", None): ({"proxy"}, ["agl-proxy"]),
     ("controller", None): ({"controller"}, ["agl-controller"]),
     ("controller", "local"): ({"controller", "examples"}, ["agl-controller"]),
-    ("trainer", None): ({"trainer"}, ["agl-trainer"]),
+    # The trainer image also runs tools/gpu_smoke.py, which starts a ledger, a proxy and a controller with the
+    # examples' agent beside the trainer (issue 28), so it carries those extras too.
+    ("trainer", None): ({"trainer", "ledger", "proxy", "controller", "examples"}, ["agl-trainer"]),
     ("console", None): ({"console"}, ["agl-console"]),
 }
 
