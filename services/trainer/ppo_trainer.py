@@ -371,11 +371,6 @@ class AglPPOTrainer(RayPPOTrainer):
                 metrics["agl/update/skipped_no_signal"] = 0.0
             else:
                 log.warning("step %d: no trainable rows; weights unchanged", self.global_steps)
-            save_freq = self.config.trainer.save_freq
-            last = self.global_steps >= self.total_training_steps
-            if save_freq > 0 and (last or self.global_steps % save_freq == 0):
-                with marked_timer("save_checkpoint", timing):
-                    self._save_checkpoint()
         finally:
             # Colocated replicas were put to sleep and must be woken with weights either way; external engines
             # keep serving what they have when nothing changed.
@@ -454,6 +449,13 @@ class AglPPOTrainer(RayPPOTrainer):
         tracker.log(data=metrics, step=self.global_steps)
         self.loop.run(progress.report_step(self.ledger, self.agl.run_id, self.global_steps, metrics))
 
+    def _forget_after(self, step: int) -> None:
+        """The run's own records of steps after the checkpoint it resumed from: those steps are done again."""
+        if self.trajectories is not None:
+            dropped = self.trajectories.forget_after(step)
+            if dropped:
+                log.info("trajectory log: dropped %d records of steps after %d, which are done again", dropped, step)
+
     def fit(self) -> None:
         tracker = Tracking(
             project_name=self.config.trainer.project_name,
@@ -463,6 +465,7 @@ class AglPPOTrainer(RayPPOTrainer):
         )
         self.global_steps = 0
         self._load_checkpoint()
+        self._forget_after(self.global_steps)
         # verl restores the loader's position except at an epoch boundary; the task order must resume too.
         self.train_dataloader.resume(self.config.trainer, self.global_steps)
         labels = {"model": self.agl.model_name}
@@ -512,6 +515,14 @@ class AglPPOTrainer(RayPPOTrainer):
                 metrics["agl/step/seconds"] = time.monotonic() - started
                 metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
                 self._report(tracker, metrics)
+                # Saved after the step is on record: a checkpointed step always has its metrics and trajectories.
+                # A trainer stopped between the two redoes the step, and the redo's records replace the first
+                # pass's (_forget_after).
+                save_freq = self.config.trainer.save_freq
+                if save_freq > 0 and (last or self.global_steps % save_freq == 0):
+                    started_save = time.monotonic()
+                    self._save_checkpoint()
+                    log.info("step %d: checkpoint saved in %.1fs", self.global_steps, time.monotonic() - started_save)
                 self.global_steps += 1
         except HealthStop as exc:
             error = f"health stop: {exc}"

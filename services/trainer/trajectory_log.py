@@ -11,6 +11,7 @@ read by the manager when this log is on). Enabled by `agl.trajectory_log` (a pat
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,30 @@ class TrajectoryLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._decode = decode
         self._inputs = inputs
+
+    def forget_after(self, step: int) -> int:
+        """Drops the records of steps after `step` (and a line cut short by a kill); how many were dropped.
+
+        A trainer resumed from the checkpoint of `step` redoes the later steps: the records of their first pass
+        (a trainer stopped after writing them, before its checkpoint) would otherwise stand beside the redo's."""
+        if not self.path.exists():
+            return 0
+        kept: list[str] = []
+        dropped = 0
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                record_step = int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                record_step = None
+            if record_step is None or record_step > step:
+                dropped += 1
+            else:
+                kept.append(line + "\n")
+        if dropped:
+            partial = self.path.with_name(self.path.name + ".tmp")
+            partial.write_text("".join(kept), encoding="utf-8")
+            os.replace(partial, self.path)
+        return dropped
 
     def write(self, step: int, traces: Sequence[RolloutTrace], kind: str = "train") -> int:
         records = trajectory_records(step, traces, self._decode, self._inputs, kind)

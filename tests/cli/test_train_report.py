@@ -49,3 +49,24 @@ def test_a_step_with_health_warnings_says_so() -> None:
     line = report.step_line(_step(2, **{"agl/reward/mean": 0.5, "agl/health/warnings": 2.0}), 4)
     assert "health warnings 2 (in the trainer log)" in line
     assert "health warnings" not in report.step_line(_step(2, **{"agl/reward/mean": 0.5}), 4)
+
+
+def test_a_resumed_launch_replaces_the_steps_it_does_again_in_the_history(tmp_path: Path) -> None:
+    history = tmp_path / "metrics.jsonl"
+
+    def write(steps: list[int]) -> None:
+        history.write_text("".join(f'{{"step": {s}, "data": {{"training/global_step": {s}}}}}\n' for s in steps))
+
+    def steps() -> list[int]:
+        return [int(line.split(",")[0].split(":")[1]) for line in history.read_text().splitlines()]
+
+    # Steps 1-3 logged, 3 not yet checkpointed when the trainer stopped; the resume starts at the checkpoint of 2.
+    write([0, 1, 2, 3])
+    assert report.forget_redone_steps(history, {"step": 2, "data": {"agl/push/engines": 1.0}}) == 1
+    assert steps() == [0, 1, 2]
+    # A launch whose first record is a step: that step and later ones are redone.
+    write([0, 1, 2, 3])
+    assert report.forget_redone_steps(history, {"step": 3, "data": {"training/global_step": 3}}) == 1
+    assert steps() == [0, 1, 2]
+    assert report.forget_redone_steps(history, {"step": 4, "data": {"training/global_step": 4}}) == 0
+    assert report.forget_redone_steps(tmp_path / "absent.jsonl", {"step": 1, "data": {}}) == 0

@@ -54,3 +54,19 @@ def test_training_calls_are_decoded_and_failed_rollouts_say_why() -> None:
         {"prompt": "1-2", "response": "3", "prompt_tokens": 2, "response_tokens": 1, "model_version": 2}
     ]
     assert record["failure_reason"] == "EXIT_CODE" and record["error"].endswith("(log: /l/r0.log)")
+
+
+def test_a_resume_forgets_the_records_of_the_steps_it_does_again(tmp_path) -> None:
+    from services.trainer.trajectory_log import TrajectoryLog
+
+    log = TrajectoryLog(tmp_path / "t.jsonl", decode=lambda ids: "", inputs={})
+    steps = [1, 1, 2, 2, 3]
+    log.path.write_text(
+        "".join(json.dumps({"step": s, "rollout_id": f"r{i}"}) + "\n" for i, s in enumerate(steps)) + '{"step": 3, "ro'
+    )
+    # The checkpoint of step 2: step 3's records and the line a kill cut short go; nothing else moves.
+    assert log.forget_after(2) == 2
+    assert [json.loads(line)["rollout_id"] for line in log.path.read_text().splitlines()] == ["r0", "r1", "r2", "r3"]
+    assert log.forget_after(2) == 0
+    assert log.forget_after(0) == 4 and log.path.read_text() == ""
+    assert TrajectoryLog(tmp_path / "none.jsonl", decode=lambda ids: "", inputs={}).forget_after(5) == 0

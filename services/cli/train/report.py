@@ -21,6 +21,23 @@ def read_metrics(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
     return records, offset + end
 
 
+def forget_redone_steps(history: Path, first: Mapping[str, Any]) -> int:
+    """Drops from the run's history the steps a resumed launch does again; how many records were dropped.
+
+    `first` is the launch's first record. A launch resumed from the checkpoint of step K logs its start at step K
+    (no "training/global_step" metric) or begins with step K+1: what the history has after that is a stopped
+    launch's pass over steps that come again (one that was reported, not yet checkpointed)."""
+    if not history.exists():
+        return 0
+    step = int(first["step"])
+    redone = step if "training/global_step" in first.get("data", {}) else step + 1
+    lines = history.read_text().splitlines()
+    kept = [line for line in lines if line.strip() and int(json.loads(line)["step"]) < redone]
+    if len(kept) != len(lines):
+        history.write_text("".join(line + "\n" for line in kept))
+    return len(lines) - len(kept)
+
+
 def progress_bar(step: int, total: int, elapsed_s: float, width: int = 20) -> str:
     """`[#####.....] 5/20 eta 3m10s`: the time left from the mean step time so far."""
     done = max(0, min(step, total))

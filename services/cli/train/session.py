@@ -344,6 +344,8 @@ def follow(
     while True:
         done = proc.poll() is not None
         fresh, offset = report.read_metrics(trainer_metrics, offset)
+        if fresh and not records and history is not None:
+            report.forget_redone_steps(history, fresh[0])
         if fresh and history is not None:
             with history.open("a") as sink:
                 sink.writelines(json.dumps(record) + "\n" for record in fresh)
