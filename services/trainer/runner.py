@@ -21,6 +21,7 @@ from verl.utils.config import omega_conf_to_dataclass, validate_config
 
 from .config import ConfigError, TrainerSettings, settings_from_config
 from .datasets import load_samples
+from .fate import share_fate
 from .preflight import check_config
 
 log = logging.getLogger(__name__)
@@ -186,4 +187,7 @@ def run(config: Any) -> None:
         prepare_cpu(config, joining)
     if joining:
         join_cluster(config)
+    else:
+        # The cluster ray.init starts is this driver's: it goes when the driver goes (services/trainer/fate.py).
+        share_fate()
     run_ppo(config, task_runner_class=AglTaskRunner)

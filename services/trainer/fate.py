@@ -1,0 +1,102 @@
+"""The processes of a trainer's own Ray cluster die with its driver, however the driver dies.
+
+A driver that starts its Ray cluster (`ray.init()` with no cluster to join) runs the training loop in a Ray actor
+(verl's task runner), not in itself. Killed with `kill -9 PID` (an operator, the OOM killer), the driver is gone
+but the task runner is not: it went on collecting and consuming a step's rollouts after the kill, writing its
+records, and Ray's per-node helpers (`ray::DashboardAgent`, ...) outlived the driver by more than a minute. A
+trainer restarted meanwhile would share the run with a ghost.
+
+So, before Ray starts, the driver marks its environment with a token every process of its cluster inherits, and
+starts a watchdog holding one end of a pipe the driver keeps open. When the driver dies the pipe reads EOF and
+the watchdog kills every process that carries the token (the task runner, workers, helpers, anything they
+started), then exits. On a normal exit it finds Ray already stopped, or ends what `ray.shutdown()` left behind.
+Linux only (it reads /proc); elsewhere nothing is started. Clusters this driver only joins are not its own and are
+never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+TOKEN_VARIABLE = "AGL_TRAINER_FATE_TOKEN"
+# Rounds of killing: a process that was starting while the first round ran is found by the next one.
+ROUNDS = 5
+# The driver's end of the pipe, open until the driver exits.
+_HELD: list[int] = []
+
+
+def processes_with(token: str, proc: Path = Path("/proc")) -> list[int]:
+    """Pids (but this one) whose environment carries `token` as the fate variable."""
+    entry_bytes = b"\0" + f"{TOKEN_VARIABLE}={token}".encode() + b"\0"
+    found = []
+    for process in proc.iterdir():
+        if not process.name.isdigit() or int(process.name) == os.getpid():
+            continue
+        try:
+            environ = (process / "environ").read_bytes()
+        except OSError:  # gone, or not ours
+            continue
+        if entry_bytes in b"\0" + environ + b"\0":
+            found.append(int(process.name))
+    return found
+
+
+def kill_all(token: str) -> int:
+    """SIGKILL to every process carrying the token, until none is left; how many were killed."""
+    killed = 0
+    for _ in range(ROUNDS):
+        pids = processes_with(token)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.2)
+    return killed
+
+
+def share_fate() -> subprocess.Popen[bytes] | None:
+    """Marks this process's environment and starts the watchdog (see the module's docstring); None off Linux."""
+    if not sys.platform.startswith("linux") or not Path("/proc/self/environ").exists():
+        return None
+    token = uuid.uuid4().hex
+    os.environ[TOKEN_VARIABLE] = token
+    read_end, write_end = os.pipe()
+    # The watchdog itself does not carry the token (it must outlive the killing), and it keeps only the read end.
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_VARIABLE}
+    watchdog = subprocess.Popen(
+        [sys.executable, "-m", "services.trainer.fate", token, str(read_end)],
+        pass_fds=(read_end,),
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    os.close(read_end)
+    # Held open for the driver's whole life, never written: its closing (the driver's exit, any exit) is the signal.
+    os.set_inheritable(write_end, False)
+    _HELD.append(write_end)
+    return watchdog
+
+
+def watch(token: str, read_fd: int) -> int:
+    # Ctrl-C reaches the whole foreground group: the driver stops gracefully first, the watchdog waits for it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with os.fdopen(read_fd, "rb") as pipe:
+        pipe.read()  # returns at EOF: the driver is gone
+    killed = kill_all(token)
+    if killed:
+        print(f"agl-trainer: the driver is gone; stopped {killed} process(es) of its Ray cluster", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(watch(sys.argv[1], int(sys.argv[2])))

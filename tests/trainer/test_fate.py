@@ -1,0 +1,106 @@
+"""services/trainer/fate.py: what a trainer's driver started dies with it, however the driver dies; nothing else."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from services.trainer import fate
+
+# A driver as agl-trainer's: it shares its fate, then starts processes the way Ray does (its head processes, a
+# worker in a session of its own that starts a child of its own), prints their pids and waits.
+DRIVER = """
+import os, subprocess, sys, time
+from services.trainer.fate import share_fate
+watchdog = share_fate()
+sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+head = subprocess.Popen(sleeper)
+worker = subprocess.Popen(
+    [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(600)", *sleeper],
+    start_new_session=True,
+)
+print(watchdog.pid, head.pid, worker.pid, flush=True)
+if sys.argv[1] == "exit":
+    time.sleep(1)
+    os._exit(0)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_gone(pids: list[int], timeout_s: float = 10) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = [p for p in pids if _alive(p)]
+        if not left:
+            return []
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+def _start(how: str) -> tuple[subprocess.Popen[str], list[int]]:
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, how], stdout=subprocess.PIPE, text=True, env=env, cwd=repo)
+    assert driver.stdout is not None
+    pids = [int(p) for p in driver.stdout.readline().split()]
+    assert len(pids) == 3, pids
+    # The worker's own child is found by the token, not by any parent or group.
+    deadline = time.monotonic() + 10
+    while len(fate.processes_with(_token(pids[1]))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return driver, pids
+
+
+def _token(pid: int) -> str:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    entry = next(e for e in environ if e.startswith(fate.TOKEN_VARIABLE.encode() + b"="))
+    return entry.split(b"=", 1)[1].decode()
+
+
+@pytest.mark.parametrize("how", ["kill", "exit"])
+def test_what_the_driver_started_goes_with_it_and_nothing_else(how: str) -> None:
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    driver, (watchdog, head, worker) = _start(how)
+    token = _token(head)
+    started = fate.processes_with(token)
+    assert len(started) == 3 and head in started and worker in started
+    assert watchdog not in started  # the watchdog carries no token: it outlives its own killing
+    try:
+        if how == "kill":
+            driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=30)
+        assert _wait_gone([head, worker, *started, watchdog]) == []
+        assert fate.processes_with(token) == []
+        assert _alive(bystander.pid)
+    finally:
+        assert driver.stdout is not None
+        driver.stdout.close()
+        bystander.kill()
+        bystander.wait()
+        for pid in started:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_only_an_exact_token_matches(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    for pid, environ in {"11": b"A=1\0AGL_TRAINER_FATE_TOKEN=abc\0", "12": b"AGL_TRAINER_FATE_TOKEN=abcd\0",
+                         "13": b"X=AGL_TRAINER_FATE_TOKEN=abc\0", "self": b""}.items():  # fmt: skip
+        (proc / pid).mkdir(parents=True)
+        (proc / pid / "environ").write_bytes(environ)
+    (proc / "14").mkdir()  # a process that went away (no environ to read)
+    assert fate.processes_with("abc", proc) == [11]

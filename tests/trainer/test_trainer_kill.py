@@ -1,0 +1,191 @@
+"""kill -9 of the trainer in the middle of a run, then the same command again, as an operator would (issue 29).
+
+One CPU run of 4 steps over 8 tasks (one epoch, a checkpoint every step) is killed three times at three points of
+a step: while its rollouts run, during the update (every rollout of the step ended, nothing saved yet), and right
+after its checkpoint was written (before the step is reported). Each time the same `agl-trainer` command is
+started again. What has to hold afterwards is read from the ledger and from the run's files, not only that the run
+finished: no rollout stranded in queuing or running, none trained on by two steps, each task of the epoch trained
+once in the loader's order, every step's metrics exactly once in the metrics file and in the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from deploy import local_stack
+from services._gen.agl.v1 import rollout_pb2, run_pb2
+from tests.support.engine import Engine
+from tests.support.procs import processes_mentioning
+from tests.trainer import cpu_stack
+from tests.trainer.cpu_stack import KEY, Stack, endpoint_version, trainer_overrides, write_tasks
+
+pytestmark = [pytest.mark.trainer, pytest.mark.timeout(1800)]
+
+TRAINER = Path(sys.executable).with_name("agl-trainer")
+RUN = "killed"
+STEPS = 4
+LIVE = (rollout_pb2.ROLLOUT_STATE_QUEUING, rollout_pb2.ROLLOUT_STATE_RUNNING)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, cpu_engine: Engine) -> Stack:
+    with cpu_stack.start(tmp_path_factory.mktemp("trainer-kill"), cpu_engine) as started:
+        yield started
+
+
+async def _step_rollouts(stack: Stack, step: int) -> list[rollout_pb2.Rollout]:
+    async with stack.client() as client:
+        return await client.list_rollouts(labels={"agl_run": RUN, "agl_step": str(step)})
+
+
+async def _reported_steps(stack: Stack) -> dict[int, dict[str, float]]:
+    async with stack.client() as client:
+        return {s.step: dict(s.metrics) for s in await client.list_run_steps(RUN)}
+
+
+def _logged_steps(out: Path) -> collections.Counter[int]:
+    path = out / "trajectories.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return collections.Counter(json.loads(line)["step"] for line in lines if line.endswith("}"))
+
+
+def _commands(pids: list[int]) -> list[str]:
+    found = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            found.append(f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:300])
+    return found
+
+
+def _checkpointed(out: Path) -> int:
+    tracker = out / "checkpoints" / "latest_checkpointed_iteration.txt"
+    return int(tracker.read_text()) if tracker.exists() else 0
+
+
+class Trainer:
+    """The trainer command of this run, started (again) in a session of its own."""
+
+    def __init__(self, stack: Stack, engine: Engine, tasks: Path, out: Path) -> None:
+        self.argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}"]
+        self.argv += trainer_overrides(engine, RUN, tasks, out, steps=STEPS, lr=1e-3)
+        self.argv += ["trainer.save_freq=1"]
+        self.env = local_stack.child_environment({"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")})
+        self.out = out
+        self.starts = 0
+
+    def start(self) -> subprocess.Popen[str]:
+        self.starts += 1
+        with (self.out / f"trainer-{self.starts}.log").open("w") as log:
+            return subprocess.Popen(
+                self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            )
+
+    def log(self) -> str:
+        return (self.out / f"trainer-{self.starts}.log").read_text()[-6000:]
+
+
+def kill_when(
+    proc: subprocess.Popen[str], ready: Callable[[], bool], what: str, log: Callable[[], str], *, group: bool
+) -> float:
+    """kill -9 the moment `ready()` holds (polled every 50 ms): of the trainer's whole process group (its
+    container or pod killed) or of its own pid only (an operator's `kill -9 PID`). Returns when it was sent."""
+    deadline = time.monotonic() + 900
+    while not ready():
+        assert proc.poll() is None, f"the trainer ended before {what}:\n{log()}"
+        assert time.monotonic() < deadline, f"never reached {what}:\n{log()}"
+        time.sleep(0.05)
+    if group:
+        os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    return time.monotonic()
+
+
+def gone_after(out: Path, killed_at: float, limit_s: float = 60) -> float:
+    """Seconds from the kill until no process of the run is left (its Ray workers, agents' launches aside)."""
+    while processes_mentioning(str(out)):
+        assert time.monotonic() - killed_at < limit_s, _commands(processes_mentioning(str(out)))
+        time.sleep(0.1)
+    return time.monotonic() - killed_at
+
+
+def test_kill_9_at_three_points_of_a_step_then_the_same_command_finishes_the_run_exactly_once(
+    stack: Stack, cpu_engine: Engine, tmp_path: Path
+) -> None:
+    cpu_engine.restore_base_weights()
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["parity"] * (2 * STEPS))
+    out = stack.root / RUN
+    out.mkdir()
+    trainer = Trainer(stack, cpu_engine, tasks, out)
+
+    # 1. An operator's kill -9 of the trainer's pid while step 2's rollouts run (step 1 checkpointed). The run
+    # goes with it at once: no part of it (its Ray task runner, workers, helpers) goes on training.
+    def step_2_running() -> bool:
+        live = [r for r in asyncio.run(_step_rollouts(stack, 2)) if r.status.state in LIVE]
+        return _checkpointed(out) == 1 and bool(live)
+
+    killed_at = kill_when(trainer.start(), step_2_running, "step 2's rollouts", trainer.log, group=False)
+    print(f"kill -9 of the pid: every process of the run gone after {gone_after(out, killed_at):.1f}s")
+    assert _checkpointed(out) == 1 and 2 not in _logged_steps(out), trainer.log()
+
+    # 2. The trainer's group killed during step 2's update: this pass collected step 2 (its trajectories are
+    # written as the update starts) and has neither reported nor saved it.
+    killed_at = kill_when(trainer.start(), lambda: 2 in _logged_steps(out), "step 2's update", trainer.log, group=True)
+    gone_after(out, killed_at)
+    assert _checkpointed(out) == 1 and 2 not in asyncio.run(_reported_steps(stack)), trainer.log()
+
+    # 3. Killed once step 3 is reported: before its checkpoint, or just after it (whichever the 50 ms poll hits).
+    killed_at = kill_when(
+        trainer.start(), lambda: 3 in asyncio.run(_reported_steps(stack)), "step 3's report", trainer.log, group=True
+    )
+    gone_after(out, killed_at)
+    print(f"step 3 reported; the kill found the checkpoint of step {_checkpointed(out)}")
+
+    last = trainer.start()
+    assert last.wait(timeout=900) == 0, trainer.log()
+
+    # The ledger: each step once (a step redone after a resume replaces its killed pass's report).
+    reported = asyncio.run(_reported_steps(stack))
+    assert sorted(s for s in reported if s > 0) == [1, 2, 3, 4]
+    assert all(reported[s].get("agl/rollout/succeeded") == 8.0 for s in (1, 2, 3, 4)), reported
+
+    # The trajectory log: each step's 8 rollouts once, no rollout in two steps, each task once, in the loader's order.
+    records = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    by_step = collections.Counter(r["step"] for r in records)
+    assert by_step == {1: 8, 2: 8, 3: 8, 4: 8}, by_step
+    ids = [r["rollout_id"] for r in records]
+    assert len(set(ids)) == len(ids)
+    order = [json.loads(r["input"])["id"] if isinstance(r["input"], str) else r["input"]["id"] for r in records]
+    firsts = list(dict.fromkeys(order))
+    assert firsts == [f"t{i}" for i in range(2 * STEPS)], order
+
+    # The ledger: nothing stranded; retention kept the last two steps' rollouts, each ended.
+    async def everything() -> list[rollout_pb2.Rollout]:
+        async with stack.client() as client:
+            return await client.list_rollouts(labels={"agl_run": RUN})
+
+    rollouts = asyncio.run(everything())
+    assert [r.rollout_id for r in rollouts if r.status.state in LIVE] == []
+    kept = collections.Counter(r.metadata.labels["agl_step"] for r in rollouts)
+    assert kept == {"3": 8, "4": 8}, kept
+    assert {r.rollout_id for r in rollouts} <= set(ids)
+
+    async def run_state() -> int:
+        async with stack.client() as client:
+            return (await client.get_run(RUN)).state
+
+    assert asyncio.run(run_state()) == run_pb2.RUN_STATE_SUCCEEDED
+    assert asyncio.run(endpoint_version(stack)) == STEPS
