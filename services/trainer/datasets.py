@@ -86,6 +86,26 @@ class TaskLoader:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.drawn = int(state.get("drawn", 0))
 
+    @staticmethod
+    def resume_folder(trainer_config: Any) -> Path | None:
+        """The checkpoint folder verl's `_load_checkpoint` will resume from, known before it runs (None: a fresh
+        start): `resume_from_path`, else the latest whole one in `default_local_dir` (its tracker file)."""
+        mode = trainer_config.get("resume_mode", "auto")
+        if mode == "disable":
+            return None
+        if mode == "resume_path" and trainer_config.get("resume_from_path"):
+            folder = Path(str(trainer_config.resume_from_path))
+        else:
+            root = Path(str(trainer_config.default_local_dir))
+            try:
+                step = int((root / "latest_checkpointed_iteration.txt").read_text().strip())
+            except (OSError, ValueError):
+                return None
+            folder = root / f"global_step_{step}"
+        if not folder.is_absolute():
+            folder = Path(os.getcwd()) / folder  # as verl resolves it
+        return folder if folder.is_dir() else None
+
     def checkpoint_state_path(self, trainer_config: Any, global_steps: int) -> Path | None:
         """The data.pt verl's `_load_checkpoint` resumed from at `global_steps` (None: a fresh start)."""
         if global_steps <= 0 or trainer_config.get("resume_mode", "auto") == "disable":

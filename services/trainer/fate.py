@@ -64,6 +64,12 @@ def kill_all(token: str) -> int:
     return killed
 
 
+def kill_cluster() -> int:
+    """Kills this driver's own cluster now (an interrupted driver); 0 where it shares no fate."""
+    token = os.environ.get(TOKEN_VARIABLE)
+    return kill_all(token) if token else 0
+
+
 def share_fate() -> subprocess.Popen[bytes] | None:
     """Marks this process's environment and starts the watchdog (see the module's docstring); None off Linux."""
     if not sys.platform.startswith("linux") or not Path("/proc/self/environ").exists():

@@ -17,8 +17,8 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from services.client import LedgerClient, LedgerError
 from . import hooks as user_hooks
 from .feed import TerminalFeed
 from .retention import KEEP_ALL, TERMINAL_STATES, check_keep_steps, expired
+from .rewind import rewind
 from .specs import LABEL_DATA_ID, LABEL_RUN, LABEL_STEP, LaunchSettings, Sample, build_specs, check_run_id, group_id
 from .state import GroupRecord, ManagerState, load_state, save_state
 from .triplets import CallText, RolloutTrace, call_text, trace_from_events
@@ -105,7 +106,17 @@ def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
 
 
 class RolloutManager:
-    def __init__(self, client: LedgerClient, settings: ManagerSettings, hooks: Any = None) -> None:
+    def __init__(
+        self,
+        client: LedgerClient,
+        settings: ManagerSettings,
+        hooks: Any = None,
+        *,
+        resume_from: Path | None = None,
+        samples: Mapping[str, Sample] | None = None,
+    ) -> None:
+        """resume_from: the state saved with the checkpoint a resumed trainer loads (services/trainer/rewind.py);
+        samples: the run's tasks by data id, to create again what the rewind needs."""
         if settings.mode not in ("sync", "async"):
             raise ValueError(f"mode must be sync or async, not {settings.mode!r}")
         self.client = client
@@ -119,14 +130,29 @@ class RolloutManager:
         self._complete: dict[str, None] = {}
         self.feed = TerminalFeed(client, self.run_id, self.state, on_entry=self._arrived)
         self._last_flush = 0.0
+        self._resume_from = resume_from
+        self._samples = samples or {}
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self._resume_from is not None and self._resume_from.exists():
+            snapshot = load_state(self._resume_from)
+            await rewind(
+                self.client, self.run_id, snapshot, samples=self._samples, n=self.settings.n,
+                launch=self.settings.launch, create=self._create,
+            )  # fmt: skip
+            self.state = snapshot
+            self.feed = TerminalFeed(self.client, self.run_id, self.state, on_entry=self._arrived)
+            self._flush(force=True)
         for record in self.state.groups.values():
             self._track(record)
         self.feed.start()
         await self._delete_pending()
+
+    def snapshot(self, path: Path, step: int) -> None:
+        """Saves the state as of the checkpoint of `step` (written before the checkpoint is declared whole)."""
+        save_state(path, replace(self.state, checkpoint_step=step))
 
     async def close(self) -> None:
         await self.feed.stop()

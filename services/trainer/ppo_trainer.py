@@ -53,6 +53,7 @@ from .infra_policy import select
 from .loop_thread import LoopThread
 from .loss import apply_row_weights
 from .manager import RolloutManager
+from .rewind import SNAPSHOT_FILE
 from .row_records import ROW_APPEND_BYTES, event_chunks, flags_by_rollout, row_events, row_records
 from .specs import Sample
 from .trace_stats import trace_metrics
@@ -140,7 +141,12 @@ class AglPPOTrainer(RayPPOTrainer):
         self.loop = LoopThread()
         self.ledger = LedgerClient(self.agl.ledger_address, self.agl.key)
         hooks = load_hooks(self.agl.hooks) if self.agl.hooks else None
-        self.manager = RolloutManager(self.ledger, self.agl.manager, hooks=hooks)
+        # A resumed run's manager goes back to the state saved with the checkpoint (services/trainer/rewind.py).
+        resumed = TaskLoader.resume_folder(self.config.trainer)
+        self.manager = RolloutManager(
+            self.ledger, self.agl.manager, hooks=hooks, resume_from=resumed / SNAPSHOT_FILE if resumed else None,
+            samples={s.data_id: s for s in [*self.train_samples, *self.val_samples]},
+        )  # fmt: skip
         self.guard = Guardrails(self.agl.health_limits, self.agl.health_rollouts_named, self.agl.health_min_count)
         self._token_texts: dict[int, str] = {}
         self._step_rows = {}
@@ -521,6 +527,9 @@ class AglPPOTrainer(RayPPOTrainer):
                 save_freq = self.config.trainer.save_freq
                 if save_freq > 0 and (last or self.global_steps % save_freq == 0):
                     started_save = time.monotonic()
+                    folder = Path(str(self.config.trainer.default_local_dir)) / f"global_step_{self.global_steps}"
+                    # Before verl's save, which declares the checkpoint whole last (its tracker file).
+                    self.manager.snapshot(folder / SNAPSHOT_FILE, self.global_steps)
                     self._save_checkpoint()
                     log.info("step %d: checkpoint saved in %.1fs", self.global_steps, time.monotonic() - started_save)
                 self.global_steps += 1

@@ -19,6 +19,7 @@ from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
 
+from . import interruption
 from .config import ConfigError, TrainerSettings, settings_from_config
 from .datasets import load_samples
 from .fate import share_fate
@@ -185,9 +186,14 @@ def run(config: Any) -> None:
     check_engines(settings)
     if str(config.trainer.get("device", "cuda")) == "cpu":
         prepare_cpu(config, joining)
+    checkpoints = config.trainer.default_local_dir
+    interruption.on_signals(settings, checkpoints)
     if joining:
         join_cluster(config)
     else:
         # The cluster ray.init starts is this driver's: it goes when the driver goes (services/trainer/fate.py).
         share_fate()
-    run_ppo(config, task_runner_class=AglTaskRunner)
+    # ray.init sets its own SIGTERM handler (sys.exit, which Ray's ray.get turns into a SystemError and a stack
+    # dump): ours go back in once it has run, whether joining above or inside verl's run_ppo.
+    with interruption.after_ray_init(settings, checkpoints):
+        run_ppo(config, task_runner_class=AglTaskRunner)

@@ -6,6 +6,7 @@
   and nothing already consumed is counted twice.
 * `groups`: groups in flight (async carry-over survives a restart), `slots`: groups created per step,
   `to_delete`: consumed rollouts whose deletion has not been confirmed yet.
+* `checkpoint_step`: in a copy saved with a checkpoint (RolloutManager.snapshot), the step it belongs to.
 
 Written atomically (temporary file + rename) as JSON.
 """
@@ -35,6 +36,7 @@ class ManagerState:
     groups: dict[str, GroupRecord] = field(default_factory=dict)
     slots: dict[str, int] = field(default_factory=dict)
     to_delete: list[str] = field(default_factory=list)
+    checkpoint_step: int = 0
 
     def resume_cursor(self) -> int:
         """Where the terminal stream must restart: before the oldest pending entry, else at the high-water mark."""
@@ -53,6 +55,7 @@ def load_state(path: Path | None) -> ManagerState:
         groups={k: GroupRecord(**v) for k, v in raw.get("groups", {}).items()},
         slots={str(k): int(v) for k, v in raw.get("slots", {}).items()},
         to_delete=[str(x) for x in raw.get("to_delete", [])],
+        checkpoint_step=int(raw.get("checkpoint_step", 0)),
     )
 
 
@@ -67,6 +70,7 @@ def save_state(path: Path | None, state: ManagerState) -> None:
         "groups": {k: asdict(v) for k, v in state.groups.items()},
         "slots": state.slots,
         "to_delete": state.to_delete,
+        "checkpoint_step": state.checkpoint_step,
     }
     tmp.write_text(json.dumps(payload, separators=(",", ":")))
     os.replace(tmp, path)

@@ -22,10 +22,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 
 from deploy import local_stack
-from services._gen.agl.v1 import rollout_pb2, run_pb2
+from services._gen.agl.v1 import proxy_control_pb2, rollout_pb2, run_pb2
+from services.client import LedgerError
 from tests.support.engine import Engine
 from tests.support.procs import processes_mentioning
 from tests.trainer import cpu_stack
@@ -45,14 +47,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory, cpu_engine: Engine) -> Stack
         yield started
 
 
-async def _step_rollouts(stack: Stack, step: int) -> list[rollout_pb2.Rollout]:
+async def _step_rollouts(stack: Stack, step: int, run_id: str = RUN) -> list[rollout_pb2.Rollout]:
     async with stack.client() as client:
-        return await client.list_rollouts(labels={"agl_run": RUN, "agl_step": str(step)})
+        return await client.list_rollouts(labels={"agl_run": run_id, "agl_step": str(step)})
 
 
-async def _reported_steps(stack: Stack) -> dict[int, dict[str, float]]:
+async def _reported_steps(stack: Stack, run_id: str = RUN) -> dict[int, dict[str, float]]:
     async with stack.client() as client:
-        return {s.step: dict(s.metrics) for s in await client.list_run_steps(RUN)}
+        try:
+            return {s.step: dict(s.metrics) for s in await client.list_run_steps(run_id)}
+        except LedgerError as err:
+            if err.code() == grpc.StatusCode.NOT_FOUND:  # not started yet
+                return {}
+            raise
 
 
 def _logged_steps(out: Path) -> collections.Counter[int]:
@@ -77,9 +84,9 @@ def _checkpointed(out: Path) -> int:
 class Trainer:
     """The trainer command of this run, started (again) in a session of its own."""
 
-    def __init__(self, stack: Stack, engine: Engine, tasks: Path, out: Path) -> None:
+    def __init__(self, stack: Stack, engine: Engine, tasks: Path, out: Path, run_id: str = RUN) -> None:
         self.argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}"]
-        self.argv += trainer_overrides(engine, RUN, tasks, out, steps=STEPS, lr=1e-3)
+        self.argv += trainer_overrides(engine, run_id, tasks, out, steps=STEPS, lr=1e-3)
         self.argv += ["trainer.save_freq=1"]
         self.env = local_stack.child_environment({"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")})
         self.out = out
@@ -92,26 +99,35 @@ class Trainer:
                 self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True
             )
 
-    def log(self) -> str:
-        return (self.out / f"trainer-{self.starts}.log").read_text()[-6000:]
+    def log(self, whole: bool = False) -> str:
+        text = (self.out / f"trainer-{self.starts}.log").read_text()
+        return text if whole else text[-6000:]
 
 
 def kill_when(
-    proc: subprocess.Popen[str], ready: Callable[[], bool], what: str, log: Callable[[], str], *, group: bool
+    proc: subprocess.Popen[str],
+    ready: Callable[[], bool],
+    what: str,
+    log: Callable[[], str],
+    *,
+    group: bool,
+    sig: int = signal.SIGKILL,
 ) -> float:
-    """kill -9 the moment `ready()` holds (polled every 50 ms): of the trainer's whole process group (its
-    container or pod killed) or of its own pid only (an operator's `kill -9 PID`). Returns when it was sent."""
+    """The signal (kill -9 unless told) the moment `ready()` holds (polled every 50 ms): to the trainer's whole
+    process group (its container or pod killed, Ctrl-C in its terminal) or to its own pid only (an operator's
+    `kill PID`). Returns when it was sent, once the trainer has exited."""
     deadline = time.monotonic() + 900
     while not ready():
         assert proc.poll() is None, f"the trainer ended before {what}:\n{log()}"
         assert time.monotonic() < deadline, f"never reached {what}:\n{log()}"
         time.sleep(0.05)
+    sent = time.monotonic()
     if group:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.pid, sig)
     else:
-        os.kill(proc.pid, signal.SIGKILL)
+        os.kill(proc.pid, sig)
     proc.wait(timeout=60)
-    return time.monotonic()
+    return sent
 
 
 def gone_after(out: Path, killed_at: float, limit_s: float = 60) -> float:
@@ -189,3 +205,53 @@ def test_kill_9_at_three_points_of_a_step_then_the_same_command_finishes_the_run
 
     assert asyncio.run(run_state()) == run_pb2.RUN_STATE_SUCCEEDED
     assert asyncio.run(endpoint_version(stack)) == STEPS
+
+
+def test_ctrl_c_and_sigterm_stop_the_trainer_at_once_with_one_line_and_no_pause_left(
+    stack: Stack, cpu_engine: Engine, tmp_path: Path
+) -> None:
+    run_id = "stopped"
+    cpu_engine.restore_base_weights()
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["parity"] * (2 * STEPS))
+    out = stack.root / run_id
+    out.mkdir()
+    trainer = Trainer(stack, cpu_engine, tasks, out, run_id)
+
+    async def run_and_control() -> tuple[run_pb2.Run, proxy_control_pb2.ProxyControl]:
+        async with stack.client() as client:
+            return await client.get_run(run_id), await client.get_proxy_control()
+
+    # Ctrl-C in the trainer's terminal (SIGINT to its whole group) once step 1 is on record.
+    proc = trainer.start()
+    sent = kill_when(
+        proc, lambda: 1 in asyncio.run(_reported_steps(stack, run_id)), "step 1", trainer.log, group=True,
+        sig=signal.SIGINT,
+    )  # fmt: skip
+    print(f"SIGINT: the trainer exited after {time.monotonic() - sent:.1f}s")
+    assert proc.returncode == 128 + signal.SIGINT, trainer.log()
+    gone_after(out, sent, limit_s=10)
+    text = trainer.log(whole=True)
+    lines = [line for line in text.splitlines() if "interrupted by SIGINT" in line]
+    assert len(lines) == 1 and lines[0].startswith("agl-trainer: interrupted by SIGINT after step 1"), text[-4000:]
+    assert "resumes from the checkpoint of step 1" in lines[0]
+    assert "Traceback" not in text, text[-4000:]
+    run, control = asyncio.run(run_and_control())
+    assert run.state == run_pb2.RUN_STATE_FAILED and run.error_message.startswith("interrupted by SIGINT"), run
+    assert not control.paused
+
+    # SIGTERM to the trainer's pid (systemd, `docker stop`) during an update: the pause it holds is lifted.
+    def paused_by_this_run() -> bool:
+        control = asyncio.run(run_and_control())[1]
+        return control.paused and control.owner == f"trainer:{run_id}"
+
+    proc = trainer.start()
+    sent = kill_when(proc, paused_by_this_run, "a weight update", trainer.log, group=False, sig=signal.SIGTERM)
+    print(f"SIGTERM: the trainer exited after {time.monotonic() - sent:.1f}s")
+    assert proc.returncode == 128 + signal.SIGTERM, trainer.log()
+    gone_after(out, sent, limit_s=10)
+    text = trainer.log(whole=True)
+    assert "Traceback" not in text, text[-4000:]
+    assert "proxies resumed" in text and "interrupted by SIGTERM" in text, text[-3000:]
+    run, control = asyncio.run(run_and_control())
+    assert run.state == run_pb2.RUN_STATE_FAILED and "interrupted by SIGTERM" in run.error_message
+    assert not control.paused, control
