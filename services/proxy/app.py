@@ -170,6 +170,7 @@ class Proxy:
             nonlocal failures
             failures = 0
             self.metrics.endpoints.set(len(self.routing.endpoints))
+            self.metrics.stale_endpoints.set(len(self.routing.stale))
             self.readiness.models_seen = True
             self.readiness.succeeded()
             self._models_seen.set()

@@ -189,3 +189,10 @@ class LedgerGateway:
                 message.revision,
                 printable(", ".join(f"{e.url}@v{e.version}" for e in table.endpoints)) or "none",
             )
+            if table.stale:
+                log.warning(
+                    "model %s: %s held back from routing until they serve the current version v%d",
+                    table.model_name,
+                    printable(", ".join(f"{e.url}@v{e.version}" for e in table.stale)),
+                    max(e.version for e in table.endpoints),
+                )

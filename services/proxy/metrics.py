@@ -96,6 +96,11 @@ class ProxyMetrics:
         self.in_flight = Gauge("agl_proxy_in_flight", "Model calls in flight on this replica.", registry=self.registry)
         self.paused = Gauge("agl_proxy_paused", "1 while the proxy is paused.", registry=self.registry)
         self.endpoints = Gauge("agl_proxy_endpoints", "Endpoints known for the model.", registry=self.registry)
+        self.stale_endpoints = Gauge(
+            "agl_proxy_stale_endpoints",
+            "Endpoints held back from routing: registered at a model version below the highest (stale weights).",
+            registry=self.registry,
+        )
         # Counts kept by the engine pool and the ledger gateway themselves, read at each scrape (set_counts): they
         # only grow, so they are counters (`_total`), not gauges.
         self._read_counts = {"engine_connections": 0, "append_batches": 0}

@@ -116,3 +116,39 @@ async def test_no_endpoint_is_503_naming_the_model_and_version_is_recorded(proxy
     assert (await call(proxy, rollout_id)).status_code == 200
     (event,) = await client.list_events(rollout_id)
     assert event.model_request.model_version == 7
+
+
+async def test_an_engine_at_an_older_version_is_held_back_until_it_serves_the_current_one(
+    proxy, engines, client
+) -> None:
+    first, second = engines
+    # The second engine restarted from the base model and registered again: version 0 while the run is at 3.
+    await set_endpoints(client, proxy, endpoint(first, version=3), endpoint(second, version=0))
+    rollouts = [await new_rollout(client) for _ in range(12)]
+    assert all(r.status_code == 200 for r in await asyncio.gather(*(call(proxy, r) for r in rollouts)))
+    for rollout_id in rollouts:
+        (event,) = await client.list_events(rollout_id, event_type="model_request")
+        assert event.model_request.endpoint == f"{first.url}/v1" and event.model_request.model_version == 3
+    metrics = httpx.get(f"{proxy.url}/metrics", headers=AUTH).text
+    assert "agl_proxy_stale_endpoints 1.0" in metrics
+
+    # The trainer's push brought it to version 3: it takes its share again.
+    await client.register_models([endpoint(second, version=3)])
+    deadline = time.monotonic() + 10
+    while "agl_proxy_stale_endpoints 0.0" not in httpx.get(f"{proxy.url}/metrics", headers=AUTH).text:
+        assert time.monotonic() < deadline, "the proxy never saw the second engine's new version"
+        await asyncio.sleep(0.02)
+    assert all(r.status_code == 200 for r in await asyncio.gather(*(call(proxy, r) for r in rollouts)))
+    used = {(await endpoints_used(client, r))[-1] for r in rollouts}
+    assert used == {f"{first.url}/v1", f"{second.url}/v1"}
+
+
+def test_the_routing_table_ranks_only_the_current_version() -> None:
+    table = RoutingTable(MODEL)
+    table.update([Endpoint("http://a/v1", 2), Endpoint("http://b/v1", 1), Endpoint("http://c/v1", 2)])
+    assert {e.url for e in table.ranked("ro-1")} == {"http://a/v1", "http://c/v1"}
+    assert table.stale == (Endpoint("http://b/v1", 1),) and len(table.endpoints) == 3
+    table.update([Endpoint("http://b/v1", 1)])
+    assert table.ranked("ro-1") == [Endpoint("http://b/v1", 1)] and table.stale == ()
+    table.update([])
+    assert table.ranked("ro-1") == [] and table.stale == ()
