@@ -71,3 +71,39 @@ async def push_weights(
     names = [e.endpoint for e in targets]
     log.info("weights v%d pushed to %d engine(s) in %.3fs", version, len(names), time.perf_counter() - started)
     return PushResult(names, time.perf_counter() - started, max(seconds, default=0.0))
+
+
+async def _serves(endpoint: str, version: int) -> bool | None:
+    """Whether the engine labels its weights `version`; None when it does not answer (the proxies fail over)."""
+    try:
+        async with EngineControl(endpoint, timeout_s=10.0) as engine:
+            return await engine.weight_version() == str(version)
+    except EngineError as err:
+        log.warning("engine %s: its weight version could not be read (%s)", endpoint, err)
+        return None
+
+
+async def catch_up(
+    ledger: LedgerClient, model_name: str, weights_dir: Path, version: int, endpoints: Sequence[model_pb2.ModelEndpoint]
+) -> list[str]:
+    """Pushes the weights of `version` (the file last pushed) to the engines that do not serve them; their URLs.
+
+    An engine restarted since the last push serves its base model while the registry still lists it at the
+    version it had: before a step's rollouts, each engine's own label is read and one that disagrees (or one
+    registered at another version, as a re-registered engine is) gets the current weights again, so no rollout of
+    the step samples from stale weights. Nothing is pushed before the first update (no file yet)."""
+    if version <= 0 or not any(weights_dir.glob("*.safetensors")):
+        return []
+    labels = await asyncio.gather(*(_serves(e.endpoint, version) for e in endpoints))
+    behind = [e for e, serves in zip(endpoints, labels, strict=True) if serves is False]
+    # Serving the current weights but registered at another version (registered again by hand): the record only.
+    relabel = [e for e, serves in zip(endpoints, labels, strict=True) if serves and e.version != version]
+    if relabel:
+        await ledger.register_models(
+            [model_pb2.ModelEndpoint(model_name=model_name, endpoint=e.endpoint, version=version) for e in relabel]
+        )
+    if behind:
+        names = ", ".join(e.endpoint for e in behind)
+        log.warning("engine(s) %s do not serve weights v%d (restarted?): pushing them again", names, version)
+        await push_weights(ledger, model_name, weights_dir, version, endpoints=behind)
+    return [e.endpoint for e in behind]

@@ -46,7 +46,7 @@ from .config import TrainerSettings
 from .correction import apply_rollout_correction
 from .datasets import TaskLoader
 from .drain import DrainResult, HttpProxyDrainer, ProxyDrainer
-from .engine_push import push_weights, registered_endpoints
+from .engine_push import catch_up, push_weights, registered_endpoints
 from .guardrails import Guardrails, HealthStop, all_failed_line
 from .hooks import load_hooks
 from .infra_policy import select
@@ -152,6 +152,7 @@ class AglPPOTrainer(RayPPOTrainer):
         self._step_rows = {}
         # The step whose update the engines serve (set by each weight sync; fit syncs before the first step).
         self.weights_version = 0
+        self._caught_up = 0
         if self.agl.row_records and self.agl.manager.keep_steps == 0:
             log.info("agl.retention.keep_steps=0: consumed rollouts are deleted at once, so no training rows are kept")
         self.loop.run(self.manager.start())
@@ -206,7 +207,12 @@ class AglPPOTrainer(RayPPOTrainer):
     def _register(self) -> None:
         if self.agl.external_engines:
             # The operator registered them; a missing engine is one clear error, not a hang on the proxies.
-            self.loop.run(registered_endpoints(self.ledger, self.agl.model_name))
+            endpoints = self.loop.run(registered_endpoints(self.ledger, self.agl.model_name))
+            # One restarted since the last push serves its base model: it gets the current weights first.
+            caught_up = self.loop.run(
+                catch_up(self.ledger, self.agl.model_name, Path(self.agl.weights_dir), self.weights_version, endpoints)
+            )
+            self._caught_up = len(caught_up)
             return
         # Replace, not add: verl picks new ports at every launch, and a restarted trainer's old endpoints are dead.
         # The version is that of the weights the replicas serve (the step whose update they loaded), as push_weights
@@ -314,6 +320,7 @@ class AglPPOTrainer(RayPPOTrainer):
             self._register()
             result = self.loop.run(self.manager.collect(self.global_steps, samples))
         metrics.update(result.metrics)
+        metrics["agl/push/caught_up_engines"] = float(self._caught_up)
         step = self.global_steps
         with marked_timer("health", timing):
             # Infrastructure failures out of the advantage; the traces' health from every consumed rollout.
