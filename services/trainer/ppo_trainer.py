@@ -145,7 +145,9 @@ class AglPPOTrainer(RayPPOTrainer):
         resumed = TaskLoader.resume_folder(self.config.trainer)
         self.manager = RolloutManager(
             self.ledger, self.agl.manager, hooks=hooks, resume_from=resumed / SNAPSHOT_FILE if resumed else None,
-            samples={s.data_id: s for s in [*self.train_samples, *self.val_samples]},
+            # A checkpoint's groups are training groups (validation ends before the step is saved); validation
+            # files may reuse the training files' ids.
+            samples={s.data_id: s for s in self.train_samples},
         )  # fmt: skip
         self.guard = Guardrails(self.agl.health_limits, self.agl.health_rollouts_named, self.agl.health_min_count)
         self._token_texts: dict[int, str] = {}

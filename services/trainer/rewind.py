@@ -102,8 +102,10 @@ async def rewind(
     if again:
         await create(again)
     result = Rewound(deleted=len(stale), recreated=len(again), dropped_groups=len(dropped))
-    log.info(
-        "run %s rewound to the checkpoint of step %d: %d rollouts of later passes deleted, %d created again, "
+    # A warning when it undid something: what a stopped trainer had started is worth a line in the trainer's log.
+    level = logging.WARNING if result.deleted or result.recreated or result.dropped_groups else logging.INFO
+    log.log(
+        level, "run %s rewound to the checkpoint of step %d: %d rollouts of later passes deleted, %d created again, "
         "%d groups in flight", run_id, step, result.deleted, result.recreated, len(snapshot.groups),
     )  # fmt: skip
     return result

@@ -223,12 +223,11 @@ def test_ctrl_c_and_sigterm_stop_the_trainer_at_once_with_one_line_and_no_pause_
         async with stack.client() as client:
             return await client.get_run(run_id), await client.get_proxy_control()
 
-    # Ctrl-C in the trainer's terminal (SIGINT to its whole group) once step 1 is on record.
+    # Ctrl-C in the trainer's terminal (SIGINT to its whole group) once step 1 is on record and saved.
     proc = trainer.start()
     sent = kill_when(
-        proc, lambda: 1 in asyncio.run(_reported_steps(stack, run_id)), "step 1", trainer.log, group=True,
-        sig=signal.SIGINT,
-    )  # fmt: skip
+        proc, lambda: _checkpointed(out) == 1, "step 1's checkpoint", trainer.log, group=True, sig=signal.SIGINT
+    )
     print(f"SIGINT: the trainer exited after {time.monotonic() - sent:.1f}s")
     assert proc.returncode == 128 + signal.SIGINT, trainer.log()
     gone_after(out, sent, limit_s=10)
