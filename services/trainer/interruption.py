@@ -73,7 +73,7 @@ def last_checkpoint(checkpoint_dir: str | Path) -> int:
         return 0
 
 
-async def record(settings: TrainerSettings, why: str) -> tuple[int, bool]:
+async def record(ledger_address: str, key: str | None, run_id: str, why: str) -> tuple[int, bool]:
     """Marks the run failed with `why` and lifts the pause the run holds: (the last step reported, -1 for a run not
     on record; pause lifted)."""
     import grpc
@@ -82,21 +82,21 @@ async def record(settings: TrainerSettings, why: str) -> tuple[int, bool]:
 
     from .progress import finish_run
 
-    owner = f"trainer:{settings.run_id}"
-    async with LedgerClient(settings.ledger_address, settings.key) as client:
+    owner = f"trainer:{run_id}"
+    async with LedgerClient(ledger_address, key) as client:
         try:
-            steps = await client.list_run_steps(settings.run_id, metric_names=["training/global_step"])
+            steps = await client.list_run_steps(run_id, metric_names=["training/global_step"])
         except LedgerError as err:
             if err.code() != grpc.StatusCode.NOT_FOUND:
                 raise
             last = -1  # stopped before the run was on record: nothing to mark
         else:
             last = max((s.step for s in steps), default=0)
-            await finish_run(client, settings.run_id, f"interrupted by {why} after step {last}")
+            await finish_run(client, run_id, f"interrupted by {why} after step {last}")
         control = await client.get_proxy_control()
         lifted = control.paused and control.owner == owner
         if lifted:
-            await client.set_proxy_pause(False, reason=f"trainer {settings.run_id} interrupted by {why}")
+            await client.set_proxy_pause(False, reason=f"trainer {run_id} interrupted by {why}")
     return last, lifted
 
 
@@ -113,7 +113,9 @@ def stop(settings: TrainerSettings, sig: signal.Signals, checkpoint_dir: str | P
         sys.stdout = sys.stderr = devnull
     why = sig.name
     try:
-        last, lifted = asyncio.run(asyncio.wait_for(record(settings, why), LEDGER_TIMEOUT_S))
+        last, lifted = asyncio.run(
+            asyncio.wait_for(record(settings.ledger_address, settings.key, settings.run_id, why), LEDGER_TIMEOUT_S)
+        )
         ledger = "the run is marked interrupted in the ledger" if last >= 0 else "the run was not on record yet"
         ledger += ", the proxies resumed" if lifted else ""
     except Exception as err:  # the ledger is down or slow: the stop still ends here, and says so
