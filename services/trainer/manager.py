@@ -6,7 +6,11 @@ mode keeps `async_train_batch_size` groups in flight and returns as soon as `tra
 complete (all `n` siblings terminal), oldest first, carrying the rest over. Consumed rollouts go through
 the hooks and become RolloutTraces; those of the run's last `keep_steps` steps stay in the ledger for
 inspection, older ones are deleted (services/trainer/retention.py). All ledger traffic goes through
-services.client.LedgerClient.
+services.client.LedgerClient. A resumed trainer's manager first goes back to the state saved with its checkpoint
+(services/trainer/rewind.py).
+
+Over 400 lines: the group bookkeeping, the enqueue, the wait and the consume share one state and its write-ahead
+order; the pure parts (specs, state file, feed, retention, triplets, rewind) are modules of their own.
 """
 
 from __future__ import annotations

@@ -11,7 +11,11 @@ A step: register/check the engines -> manager.collect -> infrastructure failures
 traces' health checked (guardrails: a warning line, or a stop) -> pause + drain the proxies -> [colocated: sleep
 the replicas] -> data path, the rows' health checked -> old (and ref) log-probs, the log-prob gap checked -> actor
 update on aligned mini-batches, skipped when no row carries an advantage -> weights to the engines -> resume the
-proxies -> metrics. A stop reports the step's metrics, marks the run FAILED with its line and ends the job.
+proxies -> metrics -> checkpoint (after the step is on record: services/trainer/README.md, "Stops and restarts").
+A stop reports the step's metrics, marks the run FAILED with its line and ends the job.
+
+Over 400 lines because it is verl's trainer subclassed: the step's order lives in one place, and each decision in it
+is a call into one of the small modules above.
 """
 
 from __future__ import annotations
