@@ -25,8 +25,10 @@ import uuid
 from pathlib import Path
 
 TOKEN_VARIABLE = "AGL_TRAINER_FATE_TOKEN"
-# Rounds of killing: a process that was starting while the first round ran is found by the next one.
-ROUNDS = 5
+# Killing goes on until no process with the token has been seen for QUIET_S (a process a dying raylet was starting
+# shows up after the first sweep), or for at most SWEEP_S in all.
+QUIET_S = 1.0
+SWEEP_S = 15.0
 # The driver's end of the pipe, open until the driver exits.
 _HELD: list[int] = []
 
@@ -47,20 +49,21 @@ def processes_with(token: str, proc: Path = Path("/proc")) -> list[int]:
     return found
 
 
-def kill_all(token: str) -> int:
-    """SIGKILL to every process carrying the token, until none is left; how many were killed."""
+def kill_all(token: str, quiet_s: float = QUIET_S, sweep_s: float = SWEEP_S) -> int:
+    """SIGKILL to every process carrying the token, until none has been seen for `quiet_s`; how many were killed."""
     killed = 0
-    for _ in range(ROUNDS):
+    started = last_seen = time.monotonic()
+    while time.monotonic() - last_seen < quiet_s and time.monotonic() - started < sweep_s:
         pids = processes_with(token)
-        if not pids:
-            break
+        if pids:
+            last_seen = time.monotonic()
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed += 1
             except (ProcessLookupError, PermissionError):
                 pass
-        time.sleep(0.2)
+        time.sleep(0.1)
     return killed
 
 

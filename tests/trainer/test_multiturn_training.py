@@ -38,6 +38,10 @@ def test_three_steps_of_the_calc_agent_train_on_whole_trajectories(
     out = stack.root / "calc3"
     out.mkdir()
     argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}", "agl.aggregation.level=trajectory"]
+    # The ~1 M-parameter model at lr 1e-3 sometimes collapses into unparsable calls by step 3 (seen once in CI: 18 of
+    # 18 bad, a health stop). What is tested here is the data path of three steps, not the policy: that stop is off
+    # (its warning stays), and the guardrail has tests of its own (test_guardrails.py).
+    argv += ["+agl.health.limits.bad_tool_calls.stop=null"]
     argv += trainer_overrides(
         calc_engine,
         "calc3",

@@ -231,7 +231,7 @@ def test_ctrl_c_and_sigterm_stop_the_trainer_at_once_with_one_line_and_no_pause_
     )
     print(f"SIGINT: the trainer exited after {time.monotonic() - sent:.1f}s")
     assert proc.returncode == 128 + signal.SIGINT, trainer.log()
-    gone_after(out, sent, limit_s=10)
+    gone_after(out, sent, limit_s=30)
     text = trainer.log(whole=True)
     lines = [line for line in text.splitlines() if "interrupted by SIGINT" in line]
     assert len(lines) == 1, text[-4000:]
@@ -261,7 +261,7 @@ def test_ctrl_c_and_sigterm_stop_the_trainer_at_once_with_one_line_and_no_pause_
     sent = kill_when(proc, paused_by_this_run, "a weight update", trainer.log, group=False, sig=signal.SIGTERM)
     print(f"SIGTERM: the trainer exited after {time.monotonic() - sent:.1f}s")
     assert proc.returncode == 128 + signal.SIGTERM, trainer.log()
-    gone_after(out, sent, limit_s=10)
+    gone_after(out, sent, limit_s=30)
     text = trainer.log(whole=True)
     assert "Traceback" not in text, text[-4000:]
     assert "agl-trainer: interrupted by SIGTERM after step " in text, text[-3000:]
