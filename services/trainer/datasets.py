@@ -67,6 +67,28 @@ def sample_stream(samples: Sequence[Sample], *, shuffle: bool, seed: int, skip: 
         epoch += 1
 
 
+def last_checkpoint(checkpoint_dir: str | Path) -> int:
+    """The step of verl's latest whole checkpoint in the folder (its tracker file; 0: none)."""
+    tracker = Path(str(checkpoint_dir)) / "latest_checkpointed_iteration.txt"
+    try:
+        return int(tracker.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def checkpoint_folder(trainer_config: Any, global_steps: int) -> Path | None:
+    """The folder verl's `_load_checkpoint` resumes from at `global_steps` (None: a fresh start), resolved as verl
+    resolves it: `resume_from_path` in resume_path mode, else `default_local_dir/global_step_N`."""
+    mode = trainer_config.get("resume_mode", "auto")
+    if global_steps <= 0 or mode == "disable":
+        return None
+    if mode == "resume_path" and trainer_config.get("resume_from_path"):
+        folder = Path(str(trainer_config.resume_from_path))
+    else:
+        folder = Path(str(trainer_config.default_local_dir)) / f"global_step_{global_steps}"
+    return folder if folder.is_absolute() else Path(os.getcwd()) / folder
+
+
 class TaskLoader:
     """Stands in for verl's train dataloader: steps per epoch, and a checkpointable draw position."""
 
@@ -90,33 +112,16 @@ class TaskLoader:
     def resume_folder(trainer_config: Any) -> Path | None:
         """The checkpoint folder verl's `_load_checkpoint` will resume from, known before it runs (None: a fresh
         start): `resume_from_path`, else the latest whole one in `default_local_dir` (its tracker file)."""
-        mode = trainer_config.get("resume_mode", "auto")
-        if mode == "disable":
-            return None
-        if mode == "resume_path" and trainer_config.get("resume_from_path"):
-            folder = Path(str(trainer_config.resume_from_path))
-        else:
-            root = Path(str(trainer_config.default_local_dir))
-            try:
-                step = int((root / "latest_checkpointed_iteration.txt").read_text().strip())
-            except (OSError, ValueError):
-                return None
-            folder = root / f"global_step_{step}"
-        if not folder.is_absolute():
-            folder = Path(os.getcwd()) / folder  # as verl resolves it
-        return folder if folder.is_dir() else None
+        named = trainer_config.get("resume_mode") == "resume_path" and trainer_config.get("resume_from_path")
+        # resume_path names its folder: the step only has to be past 0 (the folder's own step is verl's to read).
+        step = 1 if named else last_checkpoint(trainer_config.default_local_dir)
+        folder = checkpoint_folder(trainer_config, step)
+        return folder if folder is not None and folder.is_dir() else None
 
     def checkpoint_state_path(self, trainer_config: Any, global_steps: int) -> Path | None:
         """The data.pt verl's `_load_checkpoint` resumed from at `global_steps` (None: a fresh start)."""
-        if global_steps <= 0 or trainer_config.get("resume_mode", "auto") == "disable":
-            return None
-        if trainer_config.get("resume_mode") == "resume_path" and trainer_config.get("resume_from_path"):
-            folder = Path(str(trainer_config.resume_from_path))
-        else:
-            folder = Path(str(trainer_config.default_local_dir)) / f"global_step_{global_steps}"
-        if not folder.is_absolute():
-            folder = Path(os.getcwd()) / folder  # as verl resolves it
-        return folder / DATALOADER_STATE_FILE
+        folder = checkpoint_folder(trainer_config, global_steps)
+        return folder / DATALOADER_STATE_FILE if folder is not None else None
 
     def resume(self, trainer_config: Any, global_steps: int) -> bool:
         """Restores the draw position saved with the checkpoint verl resumed from, epoch boundary included.

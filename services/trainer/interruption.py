@@ -26,6 +26,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from .config import TrainerSettings
+from .datasets import last_checkpoint
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 LEDGER_TIMEOUT_S = 10.0
@@ -62,15 +63,6 @@ def after_ray_init(settings: TrainerSettings, checkpoint_dir: str | Path) -> Ite
         yield
     finally:
         ray.init = original
-
-
-def last_checkpoint(checkpoint_dir: str | Path) -> int:
-    """The step of verl's latest whole checkpoint in the folder (0: none)."""
-    tracker = Path(checkpoint_dir) / "latest_checkpointed_iteration.txt"
-    try:
-        return int(tracker.read_text().strip())
-    except (OSError, ValueError):
-        return 0
 
 
 async def record(ledger_address: str, key: str | None, run_id: str, why: str) -> tuple[int, bool]:
