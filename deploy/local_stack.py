@@ -54,6 +54,8 @@ __all__ = [
     "console_scripts",
     "interpolate",
     "interpolate_tree",
+    "kill_and_restart",
+    "launch",
     "load_compose",
     "local_program",
     "localize",
@@ -219,6 +221,37 @@ def stop(service: RunningService, timeout_s: float = 15.0) -> int | None:
     return proc.returncode
 
 
+def launch(plan: LocalService, log_path: Path) -> RunningService:
+    """Starts one service in a session of its own, its output appended to log_path."""
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            plan.argv,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=child_environment(plan.env),
+            cwd=REPO_ROOT,
+            start_new_session=True,
+        )
+    log.info("started %s (pid %d): %s", plan.name, proc.pid, shlex.join(plan.argv))
+    return RunningService(plan, proc, log_path)
+
+
+def kill_and_restart(
+    running: dict[str, RunningService], name: str, down_s: float = 0.0, health_timeout_s: float = 60.0
+) -> float:
+    """kill -9 of the service's process group, then the same service again (same ports, same data) after down_s,
+    as compose's `restart: unless-stopped` does; replaces it in `running`. Returns the seconds it was away."""
+    old = running[name]
+    killed_at = time.monotonic()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(old.proc.pid, signal.SIGKILL)
+    old.proc.wait()
+    time.sleep(down_s)
+    running[name] = launch(old.plan, old.log_path)
+    wait_healthy(running[name], health_timeout_s)
+    return time.monotonic() - killed_at
+
+
 @contextlib.contextmanager
 def run_stack(
     plans: Mapping[str, LocalService],
@@ -236,19 +269,7 @@ def run_stack(
     running: dict[str, RunningService] = {}
     try:
         for name in order:
-            plan = plans[name]
-            log_path = log_dir / f"{name}.log"
-            with open(log_path, "ab") as log_file:
-                proc = subprocess.Popen(
-                    plan.argv,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    env=child_environment(plan.env),
-                    cwd=REPO_ROOT,
-                    start_new_session=True,
-                )
-            running[name] = RunningService(plan, proc, log_path)
-            log.info("started %s (pid %d): %s", name, proc.pid, shlex.join(plan.argv))
+            running[name] = launch(plans[name], log_dir / f"{name}.log")
             wait_healthy(running[name], health_timeout_s)
             if when_healthy is not None:
                 when_healthy(name, running)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from .ledger_client import LedgerClient, LedgerError
 from .ledger_link import REFUSED_CODES, LedgerLink, refused_message
-from .retry import RetryPolicy, backoff_s
+from .retry import THROUGH_RESTARTS, RetryPolicy, backoff_s
 from .tokens import agent_token, verify_agent_token
 
 __all__ = [
     "REFUSED_CODES",
+    "THROUGH_RESTARTS",
     "LedgerClient",
     "LedgerError",
     "LedgerLink",

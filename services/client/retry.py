@@ -29,6 +29,12 @@ class RetryPolicy:
         return random.uniform(ceiling / 2, ceiling)
 
 
+# For a long-running worker whose every ledger call must outlast a ledger restart (a kill -9 and compose's
+# `restart: unless-stopped` took 3-6 s here; a pod rescheduled takes longer): ~35 s of backoff on average,
+# 2 s apart at most, before a call gives up. The trainer's step would fail on the first call otherwise.
+THROUGH_RESTARTS = RetryPolicy(attempts=40, initial_backoff_s=0.05, max_backoff_s=2.0)
+
+
 def backoff_s(failures: int, initial_s: float = 1.0, ceiling_s: float = 30.0) -> float:
     """Seconds a background loop (a watch, a heartbeat) waits after `failures` consecutive failures: doubling
     from `initial_s`, capped at `ceiling_s`, no jitter (one such loop per process)."""

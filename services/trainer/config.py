@@ -191,7 +191,7 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
     launch = replace(
         launch,
         retry_attempts=infra.retry_attempts,
-        retry_on=tuple(rollout_pb2.FailureReason.Value(f"FAILURE_REASON_{r}") for r in infra.reasons),
+        retry_on=tuple(rollout_pb2.FailureReason.Value(f"FAILURE_REASON_{r}") for r in infra.retried_reasons),
     )
     if not (launch.agent_class or launch.command or launch.k8s_job_template):
         raise ConfigError("set agl.launch.agent_class, agl.launch.command or agl.launch.k8s_job_template_file")

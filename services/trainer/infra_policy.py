@@ -15,7 +15,9 @@ Agent failures (a non-zero exit, an exception in the agent, a failed Job) stay t
 when `include_failed` is false. Every outcome is counted by reason.
 
 - `agl/infra/{reason}`: consumed rollouts that failed for that infrastructure reason (`launch_error`, `lost`,
-  `killed`, `launcher_died`, `controller_shutdown`, and `timeout` when it counts as one); present when zero
+  `killed`, `launcher_died`, `controller_shutdown`, `engine_failed`, and `timeout` when it counts as one); present
+  when zero. `engine_failed` is the trainer's own finding: the agent failed right after the proxy answered its last
+  call 502 or 504 (its engine died, or timed out); the ledger cannot retry those, so they are left out.
 - `agl/infra/dropped_rollouts`: rollouts left out for an infrastructure failure, with the siblings that went with
   them (`drop_group`, a lone survivor)
 - `agl/infra/dropped_groups`: groups left out entirely
@@ -29,10 +31,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from .triplets import RolloutTrace
+from .triplets import ENGINE_FAILED, RolloutTrace
 
 # FailureReason names (without the FAILURE_REASON_ prefix) that are the infrastructure's, never the agent's.
-INFRA_REASONS = ("LAUNCH_ERROR", "LOST", "KILLED", "LAUNCHER_DIED", "CONTROLLER_SHUTDOWN")
+LEDGER_REASONS = ("LAUNCH_ERROR", "LOST", "KILLED", "LAUNCHER_DIED", "CONTROLLER_SHUTDOWN")
+# Reasons the trainer finds in a rollout's events (triplets.py): the ledger cannot retry what it never classified.
+INFRA_REASONS = (*LEDGER_REASONS, ENGINE_FAILED)
 TIMEOUT = "TIMEOUT"
 
 
@@ -55,6 +59,11 @@ class InfraSettings:
     @property
     def reasons(self) -> tuple[str, ...]:
         return (*INFRA_REASONS, TIMEOUT) if self.timeout_is_infra else INFRA_REASONS
+
+    @property
+    def retried_reasons(self) -> tuple[str, ...]:
+        """The FailureReasons the ledger retries (the trainer's own classification comes after the attempt)."""
+        return tuple(r for r in self.reasons if r != ENGINE_FAILED)
 
 
 @dataclass

@@ -42,7 +42,7 @@ from verl.utils.py_functional import rename_dict
 from verl.utils.tracking import Tracking
 from verl.workers.utils.padding import left_right_2_no_padding
 
-from services.client import LedgerClient, LedgerError
+from services.client import THROUGH_RESTARTS, LedgerClient, LedgerError
 
 from . import health, progress
 from .adapter import build_training_batch
@@ -143,7 +143,8 @@ class AglPPOTrainer(RayPPOTrainer):
         else:
             super().init_workers()
         self.loop = LoopThread()
-        self.ledger = LedgerClient(self.agl.ledger_address, self.agl.key)
+        # The run outlives a ledger restart: each call waits it out (~35 s) rather than failing the step.
+        self.ledger = LedgerClient(self.agl.ledger_address, self.agl.key, retry=THROUGH_RESTARTS)
         hooks = load_hooks(self.agl.hooks) if self.agl.hooks else None
         # A resumed run's manager goes back to the state saved with the checkpoint (services/trainer/rewind.py).
         resumed = TaskLoader.resume_folder(self.config.trainer)

@@ -107,6 +107,15 @@ def call_text(call: event_pb2.ModelRequest) -> CallText:
     )
 
 
+# A rollout that failed for what looks like the agent's reason (it exited non-zero, raised) right after the proxy
+# answered its last model call 502 or 504 (the engine unreachable, dead mid-answer, or past the proxy's timeout)
+# failed because its engine did: the agent's exit is the consequence, not its score. The trainer files it under
+# this reason, an infrastructure one (infra_policy.py); the ledger keeps the controller's.
+ENGINE_FAILED = "ENGINE_FAILED"
+ENGINE_FAILURE_STATUSES = frozenset({502, 504})
+AGENT_REASONS = frozenset({"EXIT_CODE", "JOB_FAILED", "UNSPECIFIED", ""})
+
+
 @dataclass
 class RolloutTrace:
     """A finished rollout reduced to what the data path needs."""
@@ -145,6 +154,8 @@ class _Scan:
     # Positions (in the event sequence) of the last call, successful or not, and of the last reward.
     last_call_at: int = -1
     reward_at: int = -1
+    # The HTTP status the proxy answered the last call with (0: no call).
+    last_call_status: int = 0
 
 
 def _scan(events: Iterable[event_pb2.Event], counts: Counter[str]) -> _Scan:
@@ -155,6 +166,7 @@ def _scan(events: Iterable[event_pb2.Event], counts: Counter[str]) -> _Scan:
         if kind == "model_request" or (kind is None and event.event_type == MODEL_REQUEST):
             call = event.model_request
             scan.last_call_at = position
+            scan.last_call_status = call.http_status or 200
             if call.status not in (event_pb2.MODEL_REQUEST_STATUS_OK, event_pb2.MODEL_REQUEST_STATUS_UNSPECIFIED):
                 counts[DROPPED_ERROR_CALLS] += 1
                 scan.failed_calls += 1
@@ -200,6 +212,8 @@ def trace_from_events(
 ) -> RolloutTrace:
     """Builds a RolloutTrace; a missing reward becomes reward_fillna_value and is counted."""
     scan = _scan(events, counts)
+    if not succeeded and failure_reason in AGENT_REASONS and scan.last_call_status in ENGINE_FAILURE_STATUSES:
+        failure_reason = ENGINE_FAILED
     missing = scan.reward is None
     if missing:
         counts[REWARD_MISSING] += 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import zlib
 
 import httpx
@@ -34,3 +35,34 @@ def tie_break(base_url: str) -> float:
     """A value in [0, 0.01) from the rollout id in the base URL (`.../proxy/rollout/<id>/attempt/...`)."""
     rollout_id = base_url.split("/rollout/", 1)[1].split("/", 1)[0]
     return zlib.crc32(rollout_id.encode()) % 1000 / 100_000
+
+
+class PatientParityAgent:
+    """ParityAgent as an agent written against the OpenAI SDK behaves when the services under it restart: the SDK
+    retries a call that found no proxy or lost its connection (here up to 8 times, ~30 s of backoff), and the
+    reward is posted again on a connection error or a 5xx."""
+
+    def run(self) -> None:
+        import openai
+
+        key = os.environ.get("AGL_KEY", "")
+        base_url = os.environ["AGL_OPENAI_BASE_URL"]
+        task = json.loads(os.environ.get("AGL_TASK", "{}"))
+        with openai.OpenAI(base_url=base_url, api_key=key or "none", max_retries=8, timeout=30) as sdk:
+            reply = sdk.chat.completions.create(
+                model="any", messages=[{"role": "user", "content": task.get("q", "?")}], max_tokens=4
+            )
+        text = reply.choices[0].message.content or " "
+        value = 0.0 if task.get("mode") == "zero" else ord(text[0]) % 2 + tie_break(base_url)
+        event = {"event_type": "reward", "data": {"value": value}}
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        for attempt in range(20):
+            try:
+                answer = httpx.post(os.environ["AGL_EVENT_URL"], json=event, headers=headers)
+                if answer.status_code < 500:
+                    answer.raise_for_status()
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(min(0.25 * 2**attempt, 2.0))
+        raise RuntimeError("the reward could not be posted")

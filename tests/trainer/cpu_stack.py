@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,8 @@ class Stack:
     ledger: str
     root: Path
     proxy_url: str = ""
+    # The running ledger, proxy and controller (local_stack.kill_and_restart takes them down and up again).
+    services: dict[str, local_stack.RunningService] = field(default_factory=dict)
 
     def client(self) -> LedgerClient:
         return LedgerClient(self.ledger, key=KEY)
@@ -49,7 +51,7 @@ def start(root: Path, engine: Engine) -> Iterator[Stack]:
 
         asyncio.run(register())
         try:
-            yield Stack(ledger, root, proxy_url="http://" + running["proxy"].address(8080))
+            yield Stack(ledger, root, proxy_url="http://" + running["proxy"].address(8080), services=running)
         finally:
             # Other tests share the session's engine: give it back its starting weights.
             engine.restore_base_weights()

@@ -12,8 +12,11 @@ def call(
     response: Sequence[int],
     logprobs: Sequence[float] | None = None,
     status: int = event_pb2.MODEL_REQUEST_STATUS_OK,
+    http_status: int = 0,
 ) -> event_pb2.Event:
-    request = event_pb2.ModelRequest(prompt_token_ids=prompt, response_token_ids=response, status=status)
+    request = event_pb2.ModelRequest(
+        prompt_token_ids=prompt, response_token_ids=response, status=status, http_status=http_status
+    )
     if logprobs is not None:
         request.response_logprobs.extend(logprobs)
         request.has_response_logprobs = True

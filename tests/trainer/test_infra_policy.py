@@ -109,3 +109,39 @@ def test_groups_of_one_lose_only_the_failed_rollout() -> None:
     selection = select(step, InfraSettings(), group_size=1)
     assert [t.rollout_id for t in selection.kept] == ["v0"]
     assert selection.metrics["agl/infra/launcher_died"] == 1 and selection.metrics["agl/infra/dropped_groups"] == 1
+
+
+def test_an_agent_that_failed_on_its_engines_failure_is_an_infrastructure_failure() -> None:
+    from collections import Counter as Counts
+
+    from services._gen.agl.v1 import event_pb2
+    from services.trainer.triplets import trace_from_events
+    from tests.trainer.events import call, reward
+
+    error = event_pb2.MODEL_REQUEST_STATUS_ERROR
+
+    def built(events: list, *, succeeded: bool = False, reason: str = "EXIT_CODE", rid: str = "r") -> RolloutTrace:
+        return trace_from_events(
+            rid, "g", "g", events, reward_fillna_value=0.0, counts=Counts(), succeeded=succeeded, failure_reason=reason
+        )
+
+    ok = call([1, 2], [3])
+    # The proxy answered 502 (the engine died or refused the connection) or 504 (it timed out), then the agent
+    # exited non-zero: the engine's failure.
+    assert built([ok, call([1], [], status=error, http_status=502)]).failure_reason == "ENGINE_FAILED"
+    assert built([call([1], [], status=error, http_status=504)], reason="").failure_reason == "ENGINE_FAILED"
+    # The agent's own: a request the engine refused (400), an engine failure it recovered from before failing,
+    # a rollout that succeeded anyway, and a reason the ledger already gave.
+    assert built([call([1], [], status=error, http_status=400)]).failure_reason == "EXIT_CODE"
+    assert built([call([1], [], status=error, http_status=502), ok]).failure_reason == "EXIT_CODE"
+    assert built([call([1], [], status=error, http_status=502), reward(1.0)], succeeded=True, reason="").succeeded
+    assert built([call([1], [], status=error, http_status=502)], reason="TIMEOUT").failure_reason == "TIMEOUT"
+    assert built([call([1], [], status=error, http_status=502)], reason="KILLED").failure_reason == "KILLED"
+
+    # Left out like the ledger's infrastructure reasons, counted under its own name, never asked of the ledger.
+    engine = built([ok, call([1], [], status=error, http_status=502)], rid="a3")
+    step = [trace("a0", "g", 1.0), trace("a1", "g", 0.0), trace("a2", "g", 1.0), engine]
+    selection = select(step, InfraSettings(), group_size=4)
+    assert [t.rollout_id for t in selection.kept] == ["a0", "a1", "a2"] and selection.dropped == ["a3"]
+    assert selection.metrics["agl/infra/engine_failed"] == 1.0
+    assert "ENGINE_FAILED" in InfraSettings().reasons and "ENGINE_FAILED" not in InfraSettings().retried_reasons

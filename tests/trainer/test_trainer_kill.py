@@ -12,131 +12,38 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-import grpc
 import pytest
 
-from deploy import local_stack
 from services._gen.agl.v1 import proxy_control_pb2, rollout_pb2, run_pb2
-from services.client import LedgerError
 from tests.support.engine import Engine
-from tests.support.procs import processes_mentioning
 from tests.trainer import cpu_stack
-from tests.trainer.cpu_stack import KEY, Stack, endpoint_version, trainer_overrides, write_tasks
+from tests.trainer.cpu_stack import Stack, endpoint_version, write_tasks
+from tests.trainer.faults import (
+    LIVE,
+    RUN,
+    STEPS,
+    Trainer,
+    checkpointed,
+    gone_after,
+    kill_when,
+    logged_steps,
+    reported_steps,
+    step_rollouts,
+)
 
 pytestmark = [pytest.mark.trainer, pytest.mark.timeout(1800)]
-
-TRAINER = Path(sys.executable).with_name("agl-trainer")
-RUN = "killed"
-STEPS = 4
-LIVE = (rollout_pb2.ROLLOUT_STATE_QUEUING, rollout_pb2.ROLLOUT_STATE_RUNNING)
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, cpu_engine: Engine) -> Stack:
     with cpu_stack.start(tmp_path_factory.mktemp("trainer-kill"), cpu_engine) as started:
         yield started
-
-
-async def _step_rollouts(stack: Stack, step: int, run_id: str = RUN) -> list[rollout_pb2.Rollout]:
-    async with stack.client() as client:
-        return await client.list_rollouts(labels={"agl_run": run_id, "agl_step": str(step)})
-
-
-async def _reported_steps(stack: Stack, run_id: str = RUN) -> dict[int, dict[str, float]]:
-    async with stack.client() as client:
-        try:
-            return {s.step: dict(s.metrics) for s in await client.list_run_steps(run_id)}
-        except LedgerError as err:
-            if err.code() == grpc.StatusCode.NOT_FOUND:  # not started yet
-                return {}
-            raise
-
-
-def _logged_steps(out: Path) -> collections.Counter[int]:
-    path = out / "trajectories.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return collections.Counter(json.loads(line)["step"] for line in lines if line.endswith("}"))
-
-
-def _commands(pids: list[int]) -> list[str]:
-    found = []
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            found.append(f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:300])
-    return found
-
-
-def _checkpointed(out: Path) -> int:
-    tracker = out / "checkpoints" / "latest_checkpointed_iteration.txt"
-    return int(tracker.read_text()) if tracker.exists() else 0
-
-
-class Trainer:
-    """The trainer command of this run, started (again) in a session of its own."""
-
-    def __init__(self, stack: Stack, engine: Engine, tasks: Path, out: Path, run_id: str = RUN) -> None:
-        self.argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}"]
-        self.argv += trainer_overrides(engine, run_id, tasks, out, steps=STEPS, lr=1e-3)
-        self.argv += ["trainer.save_freq=1"]
-        self.env = local_stack.child_environment({"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")})
-        self.out = out
-        self.starts = 0
-
-    def start(self) -> subprocess.Popen[str]:
-        self.starts += 1
-        with (self.out / f"trainer-{self.starts}.log").open("w") as log:
-            return subprocess.Popen(
-                self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True
-            )
-
-    def log(self, whole: bool = False) -> str:
-        text = (self.out / f"trainer-{self.starts}.log").read_text()
-        return text if whole else text[-6000:]
-
-
-def kill_when(
-    proc: subprocess.Popen[str],
-    ready: Callable[[], bool],
-    what: str,
-    log: Callable[[], str],
-    *,
-    group: bool,
-    sig: int = signal.SIGKILL,
-) -> float:
-    """The signal (kill -9 unless told) the moment `ready()` holds (polled every 50 ms): to the trainer's whole
-    process group (its container or pod killed, Ctrl-C in its terminal) or to its own pid only (an operator's
-    `kill PID`). Returns when it was sent, once the trainer has exited."""
-    deadline = time.monotonic() + 900
-    while not ready():
-        assert proc.poll() is None, f"the trainer ended before {what}:\n{log()}"
-        assert time.monotonic() < deadline, f"never reached {what}:\n{log()}"
-        time.sleep(0.05)
-    sent = time.monotonic()
-    if group:
-        os.killpg(proc.pid, sig)
-    else:
-        os.kill(proc.pid, sig)
-    proc.wait(timeout=60)
-    return sent
-
-
-def gone_after(out: Path, killed_at: float, limit_s: float = 60) -> float:
-    """Seconds from the kill until no process of the run is left (its Ray workers, agents' launches aside)."""
-    while processes_mentioning(str(out)):
-        assert time.monotonic() - killed_at < limit_s, _commands(processes_mentioning(str(out)))
-        time.sleep(0.1)
-    return time.monotonic() - killed_at
 
 
 def test_kill_9_at_three_points_of_a_step_then_the_same_command_finishes_the_run_exactly_once(
@@ -151,33 +58,33 @@ def test_kill_9_at_three_points_of_a_step_then_the_same_command_finishes_the_run
     # 1. An operator's kill -9 of the trainer's pid while step 2's rollouts run (step 1 checkpointed). The run
     # goes with it at once: no part of it (its Ray task runner, workers, helpers) goes on training.
     def step_2_running() -> bool:
-        live = [r for r in asyncio.run(_step_rollouts(stack, 2)) if r.status.state in LIVE]
-        return _checkpointed(out) == 1 and bool(live)
+        live = [r for r in asyncio.run(step_rollouts(stack, 2)) if r.status.state in LIVE]
+        return checkpointed(out) == 1 and bool(live)
 
     killed_at = kill_when(trainer.start(), step_2_running, "step 2's rollouts", trainer.log, group=False)
     print(f"kill -9 of the pid: every process of the run gone after {gone_after(out, killed_at):.1f}s")
-    assert _checkpointed(out) == 1 and 2 not in _logged_steps(out), trainer.log()
+    assert checkpointed(out) == 1 and 2 not in logged_steps(out), trainer.log()
 
     # 2. The trainer's group killed during step 2's update: this pass collected step 2 (its trajectories are
     # written as the update starts) and has neither reported nor saved it.
-    killed_at = kill_when(trainer.start(), lambda: 2 in _logged_steps(out), "step 2's update", trainer.log, group=True)
+    killed_at = kill_when(trainer.start(), lambda: 2 in logged_steps(out), "step 2's update", trainer.log, group=True)
     gone_after(out, killed_at)
-    assert _checkpointed(out) == 1 and 2 not in asyncio.run(_reported_steps(stack)), trainer.log()
+    assert checkpointed(out) == 1 and 2 not in asyncio.run(reported_steps(stack)), trainer.log()
     # It had gone back to the checkpoint's rollout state first (services/trainer/rewind.py).
     assert "rewound to the checkpoint of step 1" in trainer.log(whole=True)
 
     # 3. Killed once step 3 is reported: before its checkpoint, or just after it (whichever the 50 ms poll hits).
     killed_at = kill_when(
-        trainer.start(), lambda: 3 in asyncio.run(_reported_steps(stack)), "step 3's report", trainer.log, group=True
+        trainer.start(), lambda: 3 in asyncio.run(reported_steps(stack)), "step 3's report", trainer.log, group=True
     )
     gone_after(out, killed_at)
-    print(f"step 3 reported; the kill found the checkpoint of step {_checkpointed(out)}")
+    print(f"step 3 reported; the kill found the checkpoint of step {checkpointed(out)}")
 
     last = trainer.start()
     assert last.wait(timeout=900) == 0, trainer.log()
 
     # The ledger: each step once (a step redone after a resume replaces its killed pass's report).
-    reported = asyncio.run(_reported_steps(stack))
+    reported = asyncio.run(reported_steps(stack))
     assert sorted(s for s in reported if s > 0) == [1, 2, 3, 4]
     assert all(reported[s].get("agl/rollout/succeeded") == 8.0 for s in (1, 2, 3, 4)), reported
 
@@ -227,7 +134,7 @@ def test_ctrl_c_and_sigterm_stop_the_trainer_at_once_with_one_line_and_no_pause_
     # Ctrl-C in the trainer's terminal (SIGINT to its whole group) once step 1 is on record and saved.
     proc = trainer.start()
     sent = kill_when(
-        proc, lambda: _checkpointed(out) == 1, "step 1's checkpoint", trainer.log, group=True, sig=signal.SIGINT
+        proc, lambda: checkpointed(out) == 1, "step 1's checkpoint", trainer.log, group=True, sig=signal.SIGINT
     )
     print(f"SIGINT: the trainer exited after {time.monotonic() - sent:.1f}s")
     assert proc.returncode == 128 + signal.SIGINT, trainer.log()
@@ -245,7 +152,7 @@ def test_ctrl_c_and_sigterm_stop_the_trainer_at_once_with_one_line_and_no_pause_
         lines[0],
     )
     assert said, lines[0]
-    assert int(said[1]) == max(asyncio.run(_reported_steps(stack, run_id))) and int(said[2]) == _checkpointed(out)
+    assert int(said[1]) == max(asyncio.run(reported_steps(stack, run_id))) and int(said[2]) == checkpointed(out)
     assert "Traceback" not in text, text[-4000:]
     run, control = asyncio.run(run_and_control())
     assert run.state == run_pb2.RUN_STATE_FAILED and run.error_message == f"interrupted by SIGINT after step {said[1]}"
