@@ -26,9 +26,16 @@ from pathlib import Path
 
 TOKEN_VARIABLE = "AGL_TRAINER_FATE_TOKEN"
 # Killing goes on until no process with the token has been seen for QUIET_S (a process a dying raylet was starting
-# shows up after the first sweep), or for at most SWEEP_S in all.
+# shows up after the first sweep), or for at most SWEEP_S in all. The watchdog, which has nothing else to do and
+# is no part of the run, watches longer: a Ray helper was once seen alive 30 s after an interrupted driver's own
+# sweep had ended.
 QUIET_S = 1.0
 SWEEP_S = 15.0
+WATCHDOG_QUIET_S = 3.0
+WATCHDOG_SWEEP_S = 30.0
+# What the watchdog keeps of the driver's environment: enough to import this module, nothing that names the run
+# (so it is not taken for one of the run's processes while it watches).
+WATCHDOG_ENV = ("PATH", "PYTHONPATH", "PYTHONHOME", "HOME", "LANG", "LC_ALL", "TMPDIR")
 # The driver's end of the pipe, open until the driver exits.
 _HELD: list[int] = []
 
@@ -81,7 +88,7 @@ def share_fate() -> subprocess.Popen[bytes] | None:
     os.environ[TOKEN_VARIABLE] = token
     read_end, write_end = os.pipe()
     # The watchdog itself does not carry the token (it must outlive the killing), and it keeps only the read end.
-    env = {k: v for k, v in os.environ.items() if k != TOKEN_VARIABLE}
+    env = {k: v for k, v in os.environ.items() if k in WATCHDOG_ENV}
     watchdog = subprocess.Popen(
         [sys.executable, "-m", "services.trainer.fate", token, str(read_end)],
         pass_fds=(read_end,),
@@ -101,7 +108,7 @@ def watch(token: str, read_fd: int) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with os.fdopen(read_fd, "rb") as pipe:
         pipe.read()  # returns at EOF: the driver is gone
-    killed = kill_all(token)
+    killed = kill_all(token, WATCHDOG_QUIET_S, WATCHDOG_SWEEP_S)
     if killed:
         print(f"agl-trainer: the driver is gone; stopped {killed} process(es) of its Ray cluster", file=sys.stderr)
     return 0

@@ -52,10 +52,15 @@ def logged_steps(out: Path) -> collections.Counter[int]:
 
 
 def commands(pids: list[int]) -> list[str]:
+    """Each process's command line, with what tells where it came from: its state, its parent and its fate token."""
     found = []
     for pid in pids:
         with contextlib.suppress(OSError):
-            found.append(f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:300])
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:300]
+            state, ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            token = next((e.decode() for e in environ if e.startswith(b"AGL_TRAINER_FATE_TOKEN=")), "no fate token")
+            found.append(f"{pid} (state {state}, parent {ppid}, {token}): {command}")
     return found
 
 
