@@ -34,6 +34,7 @@ from .client_limits import limits_for
 from .config import ProxyConfig, parse_config
 from .continuation import TokenHistory
 from .coordination import Coordinator
+from .engine_check import EngineChecker
 from .errors import ProxyError
 from .event_checks import check_agent_event
 from .gateway import V1_ATTEMPT, LedgerGateway
@@ -136,7 +137,16 @@ class Proxy:
             self.metrics,
             continuation,
             config.request_limits,
+            config.engine_wait_s,
         )
+        self.engine_check = (
+            EngineChecker(
+                self.routing, config.engine_check_s, api_key=config.engine_api_key, on_change=self._routing_changed
+            )
+            if config.engine_check_s > 0
+            else None
+        )
+        self.calls.on_unreachable = self.engine_check.poke if self.engine_check is not None else None
         self._models_seen = asyncio.Event()
         self.refusals_noted: dict[tuple[str, str], None] = {}  # attempts whose first refused event is stored
         self._tasks: list[asyncio.Task[None]] = []
@@ -144,6 +154,8 @@ class Proxy:
     async def start(self) -> None:
         self.coordinator.start()
         self._tasks.append(asyncio.create_task(self._follow_models()))
+        if self.engine_check is not None:
+            self._tasks.append(asyncio.create_task(self.engine_check.run()))
         waits = [asyncio.ensure_future(e.wait()) for e in (self._models_seen, self.coordinator.synced)]
         _, pending = await asyncio.wait(waits, timeout=_STARTUP_SYNC_S)
         for task in pending:
@@ -163,14 +175,20 @@ class Proxy:
             "on" if self.auth.enabled else "off",
         )
 
+    def _routing_changed(self) -> None:
+        self.metrics.endpoints.set(len(self.routing.endpoints))
+        self.metrics.stale_endpoints.set(len(self.routing.stale))
+        self.metrics.held_endpoints.set(len(self.routing.held))
+
     async def _follow_models(self) -> None:
         failures = 0
 
         def changed() -> None:
             nonlocal failures
             failures = 0
-            self.metrics.endpoints.set(len(self.routing.endpoints))
-            self.metrics.stale_endpoints.set(len(self.routing.stale))
+            self._routing_changed()
+            if self.engine_check is not None:  # a push re-registered an engine, or a new one came: read it now
+                self.engine_check.poke()
             self.readiness.models_seen = True
             self.readiness.succeeded()
             self._models_seen.set()
@@ -330,6 +348,10 @@ def create_app(config: ProxyConfig) -> Starlette:
         status = {"status": "ok", "replica_id": proxy.coordinator.replica_id, "model": config.model_name}
         status.update(endpoints=[e.url for e in proxy.routing.endpoints], paused=proxy.coordinator.paused)
         status["in_flight"] = proxy.coordinator.in_flight
+        # The endpoints not routed to, and why: below the model's highest version, or held by their engine's state.
+        newest = max((e.version for e in proxy.routing.endpoints), default=0)
+        held = {e.url: f"registered at version {e.version}, below the model's {newest}" for e in proxy.routing.stale}
+        status["held_back"] = {**held, **proxy.routing.held}
         return JSONResponse(status)
 
     async def readyz(request: Request) -> Response:

@@ -22,6 +22,7 @@ from prometheus_client import Counter, Histogram
 
 from .capture import Capture, StreamAssembler, capture_response
 from .coordination import Coordinator
+from .engine_check import not_current_error
 from .errors import ProxyError
 from .gateway import LedgerGateway
 from .metrics import ProxyMetrics
@@ -33,7 +34,7 @@ from .sse import DONE, SSESplitter
 from .token_continuation import Continued, TokenContinuation, stream_chunks
 from .tool_calls import missing_parser_message, offered_tool_names, tool_call_stats
 from .translation import Dialect, StreamTranslator
-from .upstream import Upstream, close_response
+from .upstream import Upstream, UpstreamResult, close_response
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,16 @@ class _Call:
         return (self.rollout_id, self.attempt_id)
 
 
+# While a call waits for an engine: how often the routing is looked at, and the pause before a call that found
+# no engine listening goes again (the checker needs a moment to hold the dead one back).
+_WAIT_POLL_S = 0.1
+_REROUTE_PAUSE_S = 0.25
+
+
+def _unreachable(result: UpstreamResult) -> bool:
+    return result.error is not None and result.error.kind == "upstream_unreachable"
+
+
 class ModelCalls:
     def __init__(
         self,
@@ -77,8 +88,11 @@ class ModelCalls:
         metrics: ProxyMetrics,
         continuation: TokenContinuation | None = None,
         limits: RequestLimits | None = None,
+        engine_wait_s: float = 0.0,
     ) -> None:
         self.settings = settings
+        # How long a call waits for an engine when every one is held back or unreachable (a restart).
+        self.engine_wait_s = engine_wait_s
         self.limits = limits or RequestLimits()
         self.continuation = continuation
         self.gateway = gateway
@@ -91,6 +105,8 @@ class ModelCalls:
         # Event ids of the calls' records: unique per process and cheaper than a uuid4 (an urandom read) each.
         self._id_prefix = uuid.uuid4().hex
         self._id_counter = itertools.count()
+        # Told when a call found an engine unreachable (the engine checker reads the labels again at once).
+        self.on_unreachable: Callable[[], None] | None = None
 
     async def handle(
         self, rollout_id: str, attempt_id: str, mode: str, api: str, raw: bytes, dialect: Dialect | None = None
@@ -109,7 +125,7 @@ class ModelCalls:
         try:
             await self.gateway.check_rollout(rollout_id, attempt_id)
             endpoints = self.routing.ranked(rollout_id)
-            if not endpoints:
+            if not endpoints and not self.routing.endpoints:
                 raise ProxyError(
                     "no_endpoint", f"No engine endpoint is registered for model {self.settings.model_name}."
                 )
@@ -122,6 +138,9 @@ class ModelCalls:
                 continued=self.continuation is not None and mode == "train" and engine_api == CHAT
                 and upstream_body.get("n") in (None, 1),
             )  # fmt: skip
+            deadline = call.started + self.engine_wait_s
+            if not endpoints:
+                endpoints = await self._routable(call, deadline)
             if call.continued:
                 assert self.continuation is not None
                 spliced = await self.continuation.answer(call.key, endpoints[0], upstream_body)
@@ -130,10 +149,22 @@ class ModelCalls:
             result = await self.upstream.call(
                 endpoints, API_PATHS[engine_api], request_bytes, stream=stream, rollout_id=rollout_id
             )
+            # No engine took the connection (nothing was generated): within the wait, the call goes again once one
+            # is routable; the checker holds the dead one back meanwhile.
+            while _unreachable(result) and time.perf_counter() < deadline and not self.coordinator.paused:
+                if self.on_unreachable is not None:
+                    self.on_unreachable()
+                await asyncio.sleep(_REROUTE_PAUSE_S)
+                endpoints = await self._routable(call, deadline)
+                result = await self.upstream.call(
+                    endpoints, API_PATHS[engine_api], request_bytes, stream=stream, rollout_id=rollout_id
+                )
             if result.retries:
                 self.metrics.upstream_retries.inc(result.retries)
             if result.error is not None:
                 error = result.error
+                if _unreachable(result) and self.on_unreachable is not None:
+                    self.on_unreachable()
                 await self.record(call, result.endpoint, result.retries, error.status, json.dumps(error.body()), ERROR)
                 raise error
             response = result.response
@@ -170,6 +201,20 @@ class ModelCalls:
         finally:
             if not handed_over:
                 self.coordinator.leave()
+
+    async def _routable(self, call: _Call, deadline: float) -> list[Endpoint]:
+        """The call's ranking once an engine is routable, waiting until `deadline` (or a pause) at most; then a
+        recorded 503 `engine_not_current` (so the rollout shows why its agent failed)."""
+        while True:
+            endpoints = self.routing.ranked(call.rollout_id)
+            if endpoints:
+                return endpoints
+            if time.perf_counter() >= deadline or self.coordinator.paused:
+                break
+            await asyncio.sleep(_WAIT_POLL_S)
+        error = not_current_error(self.settings.model_name, self.routing.held)
+        await self.record(call, Endpoint(""), 0, error.status, json.dumps(error.body()), ERROR)
+        raise error
 
     def remember(self, call: _Call, capture: Capture, prompt_hidden: tuple[int, ...] = ()) -> None:
         if call.continued and self.continuation is not None:

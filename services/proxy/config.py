@@ -26,6 +26,11 @@ class ProxyConfig:
     retry_max_backoff_s: float = 2.0
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 600.0
+    # Each engine's weight label is read this often (engine_check.py); 0: never, endpoints routed as registered.
+    engine_check_s: float = 2.0
+    # A call that finds every engine held back or unreachable (one restarting) waits this long for one. Below the
+    # agents' own timeouts: an agent that gave up meanwhile would not see the answer the proxy then records.
+    engine_wait_s: float = 20.0
     ledger_timeout_s: float = 10.0
     max_body_bytes: int = 32 * 1024 * 1024
     # What one model call may ask for (request_limits.py). Training calls use n=1 (a GRPO group is separate
@@ -86,6 +91,14 @@ SETTINGS = st.Settings(
                    "seconds to connect to an engine", name="connect_timeout_s"),
         st.Setting("--read-timeout", "AGL_PROXY_READ_TIMEOUT", _S, _D.read_timeout_s,
                    "longest wait for the engine's answer (between chunks when streaming)", name="read_timeout_s"),
+        st.Setting("--engine-check-seconds", "AGL_PROXY_ENGINE_CHECK_SECONDS", st.seconds(zero=True, high=3600),
+                   _D.engine_check_s, "how often each engine's weight label is read (GET /weight_info): an engine "
+                   "labelled otherwise than registered (restarted), or refusing connections, is held back until it "
+                   "agrees; 0: never read, endpoints are routed as registered", name="engine_check_s"),
+        st.Setting("--engine-wait-seconds", "AGL_PROXY_ENGINE_WAIT_SECONDS", st.seconds(zero=True, high=3600),
+                   _D.engine_wait_s, "how long a call waits for an engine when every one is held back or refuses "
+                   "connections (a restart), before a 503 `engine_not_current`; keep it below the agents' "
+                   "own timeouts; 0: no wait", name="engine_wait_s"),
         st.Setting("--ledger-timeout", "AGL_PROXY_LEDGER_TIMEOUT", _S, _D.ledger_timeout_s,
                    "seconds one ledger call may take", name="ledger_timeout_s"),
         st.Setting("--max-body-bytes", "AGL_PROXY_MAX_BODY_BYTES", _N, _D.max_body_bytes,

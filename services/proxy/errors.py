@@ -31,6 +31,7 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
     "internal": (500, "internal_error"),
     "upstream_unreachable": (502, "upstream_error"),
     "no_endpoint": (503, "service_unavailable_error"),
+    "engine_not_current": (503, "service_unavailable_error"),  # every engine held back (engine_check.py)
     "ledger_unavailable": (503, "service_unavailable_error"),
     "ledger_refused": (503, "service_unavailable_error"),
     "upstream_timeout": (504, "upstream_error"),

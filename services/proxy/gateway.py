@@ -176,7 +176,7 @@ class LedgerGateway:
         """Keeps the routing table equal to the registry's endpoint set for its model (runs until cancelled)."""
         async for message in self.client.watch_models(table.model_name):
             endpoints = [
-                Endpoint(url=e.endpoint, version=e.version)
+                Endpoint(url=e.endpoint, version=e.version, weight_label=e.weight_label)
                 for e in message.endpoints
                 if e.model_name == table.model_name
             ]

@@ -101,6 +101,12 @@ class ProxyMetrics:
             "Endpoints held back from routing: registered at a model version below the highest (stale weights).",
             registry=self.registry,
         )
+        self.held_endpoints = Gauge(
+            "agl_proxy_held_endpoints",
+            "Endpoints held back from routing by their engine's own state: labelled with other weights than "
+            "registered (restarted), or refusing connections (engine_check.py).",
+            registry=self.registry,
+        )
         # Counts kept by the engine pool and the ledger gateway themselves, read at each scrape (set_counts): they
         # only grow, so they are counters (`_total`), not gauges.
         self._read_counts = {"engine_connections": 0, "append_batches": 0}

@@ -244,10 +244,10 @@ def _model_request(request: event_pb2.ModelRequest, triplet: bool) -> dict[str, 
         "status": _STATUS_NAMES.get(request.status, "error"),
         "finish_reason": request.finish_reason or None,
     }
+    if triplet:  # the shape v1.0's trainer reads (the stored triplet form also keeps the HTTP status, for AGL's)
+        return data
     if request.http_status:
         data["http_status"] = request.http_status
-    if triplet:
-        return data
     data["server"]["endpoint"] = request.endpoint
     usage = request.usage
     data.update(

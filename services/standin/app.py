@@ -56,6 +56,7 @@ class Standin:
         self.knobs = Knobs(config.delay_ms, config.chunk_delay_ms, config.fail_first, config.fail_status)
         self.stats = Stats()
         self.received: deque[dict[str, Any]] = deque(maxlen=_KEPT_REQUESTS)
+        self.weight_version = config.weight_version
 
     async def generate(self, request: Request, api: str) -> Response:
         self.stats.requests += 1
@@ -145,7 +146,24 @@ def create_app(config: StandinConfig) -> Starlette:
             standin.stats = Stats()
         return JSONResponse({**asdict(standin.stats), "received": list(standin.received)})
 
+    async def weight_info(request: Request) -> Response:
+        return JSONResponse({"weight_version": standin.weight_version})
+
+    async def update_weight_version(request: Request) -> Response:
+        try:
+            label = (await request.json())["new_version"]
+        except (ValueError, KeyError, TypeError):
+            return JSONResponse({"error": "expected a JSON body with new_version"}, status_code=400)
+        standin.weight_version = str(label)
+        return Response(status_code=200)
+
+    # The weight label, as vLLM's dev mode serves it: on only when a first label was given.
+    labels = [
+        Route("/weight_info", weight_info, methods=["GET"]),
+        Route("/update_weight_version", update_weight_version, methods=["POST"]),
+    ]
     routes = [
+        *(labels if config.weight_version else []),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),

@@ -18,6 +18,7 @@ class StandinConfig:
     fail_first: int = 0
     fail_status: int = 503
     mistake_rate: float = 0.0
+    weight_version: str = ""
     log_level: str = "warning"
 
 
@@ -40,6 +41,10 @@ SETTINGS = st.Settings(
                    _D.fail_status),
         st.Setting("--mistake-rate", "AGL_STANDIN_MISTAKE_RATE", st.number(0.0, 1.0), _D.mistake_rate,
                    "when sampling (temperature > 0), answer this fraction of arithmetic questions off by one"),
+        st.Setting("--weight-version", "AGL_STANDIN_WEIGHT_VERSION", st.text(), _D.weight_version,
+                   "serve vLLM's dev-mode weight label routes (GET /weight_info, POST /update_weight_version) "
+                   "starting at this label (vLLM's own first label is `default`); empty: no such routes, as vLLM "
+                   "without VLLM_SERVER_DEV_MODE"),
         st.Setting("--log-level", "AGL_LOG_LEVEL", st.log_level(), _D.log_level),
     ],
 )  # fmt: skip

@@ -55,6 +55,8 @@ class TrainerSettings:
     # Engines AGL did not start (registered in the ledger) get the weights by file after each update.
     external_engines: bool = False
     weights_dir: str = ""
+    # How often a step's rollouts pause to catch up a restarted external engine; 0: only before each step.
+    engine_check_s: float = 2.0
     # JSONL of every consumed rollout with its decoded text (services/trainer/trajectory_log.py); None: off.
     trajectory_log: str | None = None
     # Infrastructure failures out of the advantage (services/trainer/infra_policy.py).
@@ -217,6 +219,14 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
     engines = agl.get("engines") or {}
     external = bool(engines.get("external", False))
     weights_dir = str(engines.get("weights_dir") or "")
+    engine_check_s = engines.get("check_seconds", 2.0)
+    if isinstance(engine_check_s, bool) or not isinstance(engine_check_s, int | float) or engine_check_s < 0:
+        raise ConfigError(f"agl.engines.check_seconds={engine_check_s!r}: want a number of seconds >= 0 (0: off)")
+    if not external and float(engine_check_s) != 2.0:  # the default is in the YAML: only a change is refused
+        raise ConfigError(
+            "agl.engines.check_seconds applies to external engines only (agl.engines.external=true); verl's own "
+            "replicas are restarted with the trainer"
+        )
     if external:
         backend = str(_get(cfg, "actor_rollout_ref.rollout.checkpoint_engine.backend", ""))
         if backend != "agl_file":
@@ -257,6 +267,7 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         val_max_samples=int(agl.get("val_max_samples", 0) or 0),
         external_engines=external,
         weights_dir=weights_dir,
+        engine_check_s=float(engine_check_s),
         trajectory_log=str(agl.trajectory_log) if agl.get("trajectory_log") else None,
         infra=infra,
         health_limits=limits,

@@ -9,17 +9,20 @@ around the push, so no model call straddles two weight versions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from services._gen.agl.v1 import model_pb2
 from services.client import LedgerClient
 from services.engine.control import EngineControl, EngineError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class EnginePushError(RuntimeError):
@@ -41,6 +44,12 @@ async def registered_endpoints(ledger: LedgerClient, model_name: str) -> list[mo
             f"docs/reference/engine.md), or train with verl's own vLLM replicas (agl.engines.external=false)"
         )
     return endpoints
+
+
+def pushed(model_name: str, endpoint: str, version: int) -> model_pb2.ModelEndpoint:
+    """The registration of an engine given the weights of `version`: the label it reports for them is recorded
+    too, so the proxies can tell when it serves something else (a restart: services/proxy/engine_check.py)."""
+    return model_pb2.ModelEndpoint(model_name=model_name, endpoint=endpoint, version=version, weight_label=str(version))
 
 
 async def _push_one(endpoint: str, weights_dir: Path, version: int, timeout_s: float) -> float:
@@ -65,26 +74,30 @@ async def push_weights(
     started = time.perf_counter()
     targets = list(endpoints) if endpoints is not None else await registered_endpoints(ledger, model_name)
     seconds = await asyncio.gather(*(_push_one(e.endpoint, weights_dir, version, timeout_s) for e in targets))
-    await ledger.register_models(
-        [model_pb2.ModelEndpoint(model_name=model_name, endpoint=e.endpoint, version=version) for e in targets]
-    )
+    await ledger.register_models([pushed(model_name, e.endpoint, version) for e in targets])
     names = [e.endpoint for e in targets]
     log.info("weights v%d pushed to %d engine(s) in %.3fs", version, len(names), time.perf_counter() - started)
     return PushResult(names, time.perf_counter() - started, max(seconds, default=0.0))
 
 
-async def _serves(endpoint: str, version: int) -> bool | None:
+async def _serves(endpoint: str, version: int, level: int = logging.WARNING) -> bool | None:
     """Whether the engine labels its weights `version`; None when it does not answer (the proxies fail over)."""
     try:
         async with EngineControl(endpoint, timeout_s=10.0) as engine:
             return await engine.weight_version() == str(version)
     except EngineError as err:
-        log.warning("engine %s: its weight version could not be read (%s)", endpoint, err)
+        log.log(level, "engine %s: its weight version could not be read (%s)", endpoint, err)
         return None
 
 
 async def catch_up(
-    ledger: LedgerClient, model_name: str, weights_dir: Path, version: int, endpoints: Sequence[model_pb2.ModelEndpoint]
+    ledger: LedgerClient,
+    model_name: str,
+    weights_dir: Path,
+    version: int,
+    endpoints: Sequence[model_pb2.ModelEndpoint],
+    *,
+    unreadable_level: int = logging.WARNING,
 ) -> list[str]:
     """Pushes the weights of `version` (the file last pushed) to the engines that do not serve them; their URLs.
 
@@ -94,16 +107,49 @@ async def catch_up(
     the step samples from stale weights. Nothing is pushed before the first update (no file yet)."""
     if version <= 0 or not any(weights_dir.glob("*.safetensors")):
         return []
-    labels = await asyncio.gather(*(_serves(e.endpoint, version) for e in endpoints))
+    labels = await asyncio.gather(*(_serves(e.endpoint, version, unreadable_level) for e in endpoints))
     behind = [e for e, serves in zip(endpoints, labels, strict=True) if serves is False]
-    # Serving the current weights but registered at another version (registered again by hand): the record only.
-    relabel = [e for e, serves in zip(endpoints, labels, strict=True) if serves and e.version != version]
+    # Serving the current weights but registered otherwise (registered again by hand): the record only.
+    relabel = [
+        e
+        for e, serves in zip(endpoints, labels, strict=True)
+        if serves and (e.version != version or e.weight_label != str(version))
+    ]
     if relabel:
-        await ledger.register_models(
-            [model_pb2.ModelEndpoint(model_name=model_name, endpoint=e.endpoint, version=version) for e in relabel]
-        )
+        await ledger.register_models([pushed(model_name, e.endpoint, version) for e in relabel])
     if behind:
         names = ", ".join(e.endpoint for e in behind)
         log.warning("engine(s) %s do not serve weights v%d (restarted?): pushing them again", names, version)
         await push_weights(ledger, model_name, weights_dir, version, endpoints=behind)
     return [e.endpoint for e in behind]
+
+
+async def while_catching_up(
+    work: Awaitable[T], ledger: LedgerClient, model_name: str, weights_dir: Path, version: int, interval_s: float
+) -> tuple[T, list[str]]:
+    """`work` (a step's rollouts), and meanwhile every `interval_s` a catch-up of the model's engines; returns what
+    `work` returned and the engines caught up.
+
+    An engine that restarts while the step's rollouts run would otherwise serve its base weights (or, held back by
+    the proxies, nothing) until the next step. A failed round (the engine still loading, the ledger away) is
+    logged and tried again at the next one; the proxies keep such an engine held back meanwhile."""
+    caught: list[str] = []
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                endpoints = await ledger.list_models(model_name)
+                caught.extend(
+                    await catch_up(ledger, model_name, weights_dir, version, endpoints, unreadable_level=logging.DEBUG)
+                )
+            except Exception as err:  # EnginePushError, the ledger away: the next round tries again
+                log.warning("catching up the engines during the step failed (%s); again in %.1fs", err, interval_s)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return await work, caught
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher

@@ -16,6 +16,7 @@ Defaults (shares unless said): warn / stop
 | `succeeded_without_reward` | 0.1 | 0.5 |
 | `reward_before_last_call` | 0 | 0.5 |
 | `failed_calls` | 0.05 | 0.5 |
+| `engine_unavailable_calls` | 0.05 | - (the rollouts that failed on them are infrastructure failures) |
 | `truncated_calls` | 0.25 | - |
 | `bad_tool_calls` | 0.2 | 0.9 |
 | `failed_rollouts` | 0.25 | - (every rollout failed: always a stop) |
@@ -61,6 +62,7 @@ DEFAULT_LIMITS: dict[str, Limit] = {
     h.SUCCEEDED_WITHOUT_REWARD: Limit(0.1, 0.5),
     h.REWARD_BEFORE_LAST_CALL: Limit(0.0, 0.5),
     h.FAILED_CALLS: Limit(0.05, 0.5),
+    h.ENGINE_UNAVAILABLE_CALLS: Limit(0.05, None),
     h.TRUNCATED_CALLS: Limit(0.25, None),
     h.BAD_TOOL_CALLS: Limit(0.2, 0.9),
     h.FAILED_ROLLOUTS: Limit(0.25, None),

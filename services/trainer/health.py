@@ -7,7 +7,11 @@ in [0, 1] unless said otherwise; `{p}` is `agl/health` for training steps, `val/
 - `{p}/rollouts_without_calls`: consumed rollouts with no successful model call (a wrong base URL, a crash first)
 - `{p}/succeeded_without_reward`: succeeded rollouts that posted no reward (they train on the fill value)
 - `{p}/reward_before_last_call`: rollouts with a reward whose reward came before their last model call
-- `{p}/failed_calls`: model calls that ended in an error (an HTTP status, the transport)
+- `{p}/failed_calls`: model calls that ended in an error (an HTTP status, the transport), other than
+  `engine_unavailable_calls`
+- `{p}/engine_unavailable_calls`: model calls the proxy answered 502, 503 or 504: no engine could answer (one
+  dead, restarting and held back, or past the proxy's timeout). A rollout that recovered from them trains as
+  usual; one whose agent failed on them is an infrastructure failure (`ENGINE_FAILED`)
 - `{p}/truncated_calls`: successful calls cut at max_tokens (`finish_reason` length)
 - `{p}/bad_tool_calls`: tool calls the model wrote that did not parse, named an unknown tool or carried
   arguments that are not a JSON object, of all it wrote (the proxy's ToolCallStats)
@@ -44,6 +48,7 @@ ROLLOUTS_WITHOUT_CALLS = "rollouts_without_calls"
 SUCCEEDED_WITHOUT_REWARD = "succeeded_without_reward"
 REWARD_BEFORE_LAST_CALL = "reward_before_last_call"
 FAILED_CALLS = "failed_calls"
+ENGINE_UNAVAILABLE_CALLS = "engine_unavailable_calls"
 TRUNCATED_CALLS = "truncated_calls"
 BAD_TOOL_CALLS = "bad_tool_calls"
 FAILED_ROLLOUTS = "failed_rollouts"
@@ -61,6 +66,7 @@ TRACE_NAMES = (
     SUCCEEDED_WITHOUT_REWARD,
     REWARD_BEFORE_LAST_CALL,
     FAILED_CALLS,
+    ENGINE_UNAVAILABLE_CALLS,
     TRUNCATED_CALLS,
     BAD_TOOL_CALLS,
     FAILED_ROLLOUTS,
@@ -122,11 +128,12 @@ def trace_health(traces: Sequence[RolloutTrace], infra_reasons: Iterable[str]) -
     no_reward: list[str] = []
     early_reward: list[str] = []
     failed_call_ids: list[str] = []
+    unavailable_ids: list[str] = []
     truncated_ids: list[str] = []
     bad_tool_ids: list[str] = []
     failed: list[str] = []
     infra_failed: list[str] = []
-    succeeded = rewarded = calls = ok_calls = failed_calls = truncated = tool_written = bad_tools = 0
+    succeeded = rewarded = calls = ok_calls = failed_calls = unavailable = truncated = tool_written = bad_tools = 0
     for trace in traces:
         rid = trace.rollout_id
         if not trace.calls:
@@ -145,9 +152,12 @@ def trace_health(traces: Sequence[RolloutTrace], infra_reasons: Iterable[str]) -
                 early_reward.append(rid)
         ok_calls += len(trace.calls)
         calls += len(trace.calls) + trace.failed_calls
-        if trace.failed_calls:
-            failed_calls += trace.failed_calls
+        if trace.failed_calls > trace.engine_unavailable_calls:
+            failed_calls += trace.failed_calls - trace.engine_unavailable_calls
             failed_call_ids.append(rid)
+        if trace.engine_unavailable_calls:
+            unavailable += trace.engine_unavailable_calls
+            unavailable_ids.append(rid)
         cut = bad = 0
         for call in trace.calls:
             cut += call.finish_reason == TRUNCATED
@@ -168,6 +178,7 @@ def trace_health(traces: Sequence[RolloutTrace], infra_reasons: Iterable[str]) -
             SUCCEEDED_WITHOUT_REWARD: Share(len(no_reward), succeeded, no_reward),
             REWARD_BEFORE_LAST_CALL: Share(len(early_reward), rewarded, early_reward),
             FAILED_CALLS: Share(failed_calls, calls, failed_call_ids),
+            ENGINE_UNAVAILABLE_CALLS: Share(unavailable, calls, unavailable_ids),
             TRUNCATED_CALLS: Share(truncated, ok_calls, truncated_ids),
             # An unknown name or bad arguments are faults of a parsed call: a share over the calls written can
             # pass 1 only if the proxy counted one call twice, so it is capped.

@@ -17,7 +17,8 @@ when `include_failed` is false. Every outcome is counted by reason.
 - `agl/infra/{reason}`: consumed rollouts that failed for that infrastructure reason (`launch_error`, `lost`,
   `killed`, `launcher_died`, `controller_shutdown`, `engine_failed`, and `timeout` when it counts as one); present
   when zero. `engine_failed` is the trainer's own finding: the agent failed right after the proxy answered its last
-  call 502 or 504 (its engine died, or timed out); the ledger cannot retry those, so they are left out.
+  call 502, 503 or 504 (its engine died, was held back as restarted, or timed out); the ledger cannot retry those,
+  so they are left out.
 - `agl/infra/dropped_rollouts`: rollouts left out for an infrastructure failure, with the siblings that went with
   them (`drop_group`, a lone survivor)
 - `agl/infra/dropped_groups`: groups left out entirely

@@ -50,7 +50,7 @@ from .config import TrainerSettings
 from .correction import apply_rollout_correction
 from .datasets import TaskLoader
 from .drain import DrainResult, HttpProxyDrainer, ProxyDrainer
-from .engine_push import catch_up, push_weights, registered_endpoints
+from .engine_push import catch_up, push_weights, registered_endpoints, while_catching_up
 from .guardrails import Guardrails, HealthStop, all_failed_line
 from .hooks import load_hooks
 from .infra_policy import select
@@ -226,6 +226,19 @@ class AglPPOTrainer(RayPPOTrainer):
         # records it for external engines: captured calls carry the same model_version in both placements.
         self.loop.run(self.manager.replace_endpoints(self.agl.model_name, self._endpoints(), self.weights_version))
 
+    def _during_rollouts(self, work: Any) -> Any:
+        """Runs the rollouts' coroutine on the loop; external engines that restart meanwhile are caught up."""
+        if not self.agl.external_engines or self.agl.engine_check_s <= 0:
+            return self.loop.run(work)
+        result, caught = self.loop.run(
+            while_catching_up(
+                work, self.ledger, self.agl.model_name, Path(self.agl.weights_dir), self.weights_version,
+                self.agl.engine_check_s,
+            )
+        )  # fmt: skip
+        self._caught_up += len(caught)
+        return result
+
     def _sync_weights(self, metrics: dict[str, Any]) -> None:
         """The actor's current weights to every engine, at version = global step."""
         self.weights_version = self.global_steps
@@ -253,7 +266,7 @@ class AglPPOTrainer(RayPPOTrainer):
         if not samples:
             return {}
         self._register()
-        result = self.loop.run(self.manager.evaluate(self.global_steps, samples))
+        result = self._during_rollouts(self.manager.evaluate(self.global_steps, samples))
         if self.trajectories is not None:
             self.trajectories.write(self.global_steps, result.traces, kind="validation")
         # A validation rollout lost to the infrastructure is no answer of the model's: left out of the mean.
@@ -325,7 +338,7 @@ class AglPPOTrainer(RayPPOTrainer):
     def _train_step_body(self, samples: Iterator[Sample], metrics: dict[str, Any], timing: dict[str, float]) -> Any:
         with marked_timer("gen", timing):
             self._register()
-            result = self.loop.run(self.manager.collect(self.global_steps, samples))
+            result = self._during_rollouts(self.manager.collect(self.global_steps, samples))
         metrics.update(result.metrics)
         metrics["agl/push/caught_up_engines"] = float(self._caught_up)
         step = self.global_steps

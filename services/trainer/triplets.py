@@ -108,11 +108,12 @@ def call_text(call: event_pb2.ModelRequest) -> CallText:
 
 
 # A rollout that failed for what looks like the agent's reason (it exited non-zero, raised) right after the proxy
-# answered its last model call 502 or 504 (the engine unreachable, dead mid-answer, or past the proxy's timeout)
-# failed because its engine did: the agent's exit is the consequence, not its score. The trainer files it under
+# answered its last model call 502, 503 or 504 (the engine unreachable, dead mid-answer, every engine held back as
+# restarted or overloaded, or past the proxy's timeout) failed because its engine did: the agent's exit is the
+# consequence, not its score. The trainer files it under
 # this reason, an infrastructure one (infra_policy.py); the ledger keeps the controller's.
 ENGINE_FAILED = "ENGINE_FAILED"
-ENGINE_FAILURE_STATUSES = frozenset({502, 504})
+ENGINE_FAILURE_STATUSES = frozenset({502, 503, 504})
 AGENT_REASONS = frozenset({"EXIT_CODE", "JOB_FAILED", "UNSPECIFIED", ""})
 
 
@@ -129,6 +130,8 @@ class RolloutTrace:
     succeeded: bool = True
     # Model calls that ended in an error (the engine's or the transport's): not triplets, but part of the story.
     failed_calls: int = 0
+    # Of those, the ones the proxy answered 502, 503 or 504: no engine could answer (dead, restarting, held back).
+    engine_unavailable_calls: int = 0
     # Every successful call, in order (the triplets are those of them with tokens to train on).
     calls: list[CallOutcome] = field(default_factory=list)
     # The reward that counts (the last one) was posted before the rollout's last model call.
@@ -151,6 +154,7 @@ class _Scan:
     reward: float | None = None
     calls: list[CallOutcome] = field(default_factory=list)
     failed_calls: int = 0
+    engine_unavailable_calls: int = 0
     # Positions (in the event sequence) of the last call, successful or not, and of the last reward.
     last_call_at: int = -1
     reward_at: int = -1
@@ -170,6 +174,7 @@ def _scan(events: Iterable[event_pb2.Event], counts: Counter[str]) -> _Scan:
             if call.status not in (event_pb2.MODEL_REQUEST_STATUS_OK, event_pb2.MODEL_REQUEST_STATUS_UNSPECIFIED):
                 counts[DROPPED_ERROR_CALLS] += 1
                 scan.failed_calls += 1
+                scan.engine_unavailable_calls += scan.last_call_status in ENGINE_FAILURE_STATUSES
                 continue
             scan.calls.append(CallOutcome(call.finish_reason, call.tool_calls if call.HasField("tool_calls") else None))
             response = list(call.response_token_ids)
@@ -226,6 +231,7 @@ def trace_from_events(
         reward_missing=missing,
         succeeded=succeeded,
         failed_calls=scan.failed_calls,
+        engine_unavailable_calls=scan.engine_unavailable_calls,
         calls=scan.calls,
         reward_before_last_call=not missing and scan.reward_at < scan.last_call_at,
         failure_reason=failure_reason,

@@ -30,8 +30,8 @@ class Http:
 
 
 @contextlib.contextmanager
-def run_standin(model: str = MODEL, args: Sequence[str] = ()) -> Iterator[Http]:
-    port = free_port()
+def run_standin(model: str = MODEL, args: Sequence[str] = (), port: int = 0) -> Iterator[Http]:
+    port = port or free_port()
     argv = [sys.executable, "-m", "services.standin", "--host", "127.0.0.1", "--port", str(port), "--model", model]
     url = f"http://127.0.0.1:{port}"
     with start_service(

@@ -29,7 +29,10 @@ def engines() -> Iterator[tuple[Http, Http]]:
 
 @pytest.fixture(scope="module")
 def proxy(ledger: ServiceProcess) -> Iterator[Http]:
-    with run_proxy(ledger.address, args=["--retry-attempts", "3"]) as process:
+    # The upstream's own failover, on its own: no label checks holding a dead engine back, no waiting for one to
+    # come back (test_engine_check.py has those).
+    args = ["--retry-attempts", "3", "--engine-check-seconds", "0", "--engine-wait-seconds", "0"]
+    with run_proxy(ledger.address, args=args) as process:
         yield process
 
 

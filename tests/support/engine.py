@@ -120,10 +120,12 @@ def run_engine(
     args: Sequence[str] = (),
     log_dir: Path | None = None,
     start_timeout_s: float = START_TIMEOUT_S,
+    port: int = 0,
 ) -> Iterator[Engine]:
-    """Starts the engine the way a user does (`python -m services.engine`), waits for /health, stops it after."""
+    """Starts the engine the way a user does (`python -m services.engine`), waits for /health, stops it after.
+    `port`: the engine's port (a restart on the same one); a free one by default."""
     python = require_engine_venv()
-    port = free_port()
+    port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "services.engine", "--model-dir", str(model_dir), "--python", str(python)]
     argv += ["--served-model-name", model_name, "--host", "127.0.0.1", "--port", str(port), *args]

@@ -4,6 +4,7 @@ run left in the ledger and in its files."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import json
@@ -33,6 +34,13 @@ LIVE = (rollout_pb2.ROLLOUT_STATE_QUEUING, rollout_pb2.ROLLOUT_STATE_RUNNING)
 async def step_rollouts(stack: Stack, step: int, run_id: str = RUN) -> list[rollout_pb2.Rollout]:
     async with stack.client() as client:
         return await client.list_rollouts(labels={"agl_run": run_id, "agl_step": str(step)})
+
+
+def running_rollouts(stack: Stack, step: int, run_id: str = RUN) -> bool:
+    """Whether a rollout of the run's step is running (its agent at work)."""
+    return any(
+        r.status.state == rollout_pb2.ROLLOUT_STATE_RUNNING for r in asyncio.run(step_rollouts(stack, step, run_id))
+    )
 
 
 async def reported_steps(stack: Stack, run_id: str = RUN) -> dict[int, dict[str, float]]:

@@ -16,7 +16,9 @@ from services.trainer.triplets import trace_from_events
 OK = event_pb2.MODEL_REQUEST_STATUS_OK
 
 
-def call(prompt: list[int], response: list[int], *, finish: str = "stop", tools=None, status=OK) -> event_pb2.Event:
+def call(
+    prompt: list[int], response: list[int], *, finish: str = "stop", tools=None, status=OK, http_status: int = 0
+) -> event_pb2.Event:
     request = event_pb2.ModelRequest(
         prompt_token_ids=prompt,
         response_token_ids=response,
@@ -24,6 +26,7 @@ def call(prompt: list[int], response: list[int], *, finish: str = "stop", tools=
         has_response_logprobs=True,
         status=status,
         finish_reason=finish,
+        http_status=http_status,
     )
     if tools is not None:
         request.tool_calls.CopyFrom(tools)
@@ -54,28 +57,32 @@ def test_each_failure_mode_is_counted_by_name_with_its_rollouts() -> None:
         build("tools", "g1", [call([1], [2], tools=unparsed), call([1, 2, 3], [4], tools=good_tool), reward(0.5)]),
         build("unknown", "g1", [call([1], [2], tools=unknown, finish="length"), reward(0.0)]),
         build("err-call", "g1", [call([1], [], status=failed), call([1], [2]), reward(0.0)]),
+        # The engine restarting under it (the proxy held every engine back: 503), then its answer.
+        build("restart", "g1", [call([1], [], status=failed, http_status=503), call([1], [2]), reward(0.0)]),
         build("killed", "g1", [call([1], [2])], ok=False, reason="KILLED"),
         build("exit", "g1", [], ok=False, reason="EXIT_CODE"),
     ]
     health = h.trace_health(traces, ["KILLED", "LOST"])
     assert sorted(health.shares) == sorted(h.TRACE_NAMES)
     assert health.rollouts(h.ROLLOUTS_WITHOUT_CALLS) == ["no-call", "exit"]
-    assert health.value(h.ROLLOUTS_WITHOUT_CALLS) == 2 / 9
-    # Seven succeeded, one without a reward.
+    assert health.value(h.ROLLOUTS_WITHOUT_CALLS) == 2 / 10
+    # Eight succeeded, one without a reward.
     assert health.rollouts(h.SUCCEEDED_WITHOUT_REWARD) == ["no-reward"]
-    assert health.value(h.SUCCEEDED_WITHOUT_REWARD) == 1 / 7
-    # Rewards: ok, no-call, early, tools, unknown, err-call (6); early's came before its last call.
+    assert health.value(h.SUCCEEDED_WITHOUT_REWARD) == 1 / 8
+    # Rewards: ok, no-call, early, tools, unknown, err-call, restart (7); early's came before its last call.
     assert health.rollouts(h.REWARD_BEFORE_LAST_CALL) == ["early"]
-    assert health.value(h.REWARD_BEFORE_LAST_CALL) == 1 / 6
-    # Calls: 1 + 0 + 2 + 1 + 2 + 1 + 2 + 1 = 10, one failed.
-    assert health.rollouts(h.FAILED_CALLS) == ["err-call"] and health.value(h.FAILED_CALLS) == 1 / 10
-    assert health.rollouts(h.TRUNCATED_CALLS) == ["unknown"] and health.value(h.TRUNCATED_CALLS) == 1 / 9
+    assert health.value(h.REWARD_BEFORE_LAST_CALL) == 1 / 7
+    # Calls: 1 + 0 + 2 + 1 + 2 + 1 + 2 + 2 + 1 = 12: one failed for the request, one for want of an engine.
+    assert health.rollouts(h.FAILED_CALLS) == ["err-call"] and health.value(h.FAILED_CALLS) == 1 / 12
+    assert health.rollouts(h.ENGINE_UNAVAILABLE_CALLS) == ["restart"]
+    assert health.value(h.ENGINE_UNAVAILABLE_CALLS) == 1 / 12
+    assert health.rollouts(h.TRUNCATED_CALLS) == ["unknown"] and health.value(h.TRUNCATED_CALLS) == 1 / 10
     # Tool calls written: 1 unparsed + 1 parsed + 1 parsed naming an unknown tool = 3, of which 2 bad.
     assert health.rollouts(h.BAD_TOOL_CALLS) == ["tools", "unknown"] and health.value(h.BAD_TOOL_CALLS) == 2 / 3
     assert health.rollouts(h.FAILED_ROLLOUTS) == ["killed", "exit"]
-    assert health.rollouts(h.INFRA_FAILED_ROLLOUTS) == ["killed"] and health.value(h.INFRA_FAILED_ROLLOUTS) == 1 / 9
+    assert health.rollouts(h.INFRA_FAILED_ROLLOUTS) == ["killed"] and health.value(h.INFRA_FAILED_ROLLOUTS) == 1 / 10
     metrics = health.metrics()
-    assert metrics["agl/health/rollouts_without_calls"] == 2 / 9
+    assert metrics["agl/health/rollouts_without_calls"] == 2 / 10
     assert set(health.metrics(h.VAL_PREFIX)) == {f"val/agl/health/{name}" for name in h.TRACE_NAMES}
 
 

@@ -130,6 +130,8 @@ def test_an_agent_that_failed_on_its_engines_failure_is_an_infrastructure_failur
     # exited non-zero: the engine's failure.
     assert built([ok, call([1], [], status=error, http_status=502)]).failure_reason == "ENGINE_FAILED"
     assert built([call([1], [], status=error, http_status=504)], reason="").failure_reason == "ENGINE_FAILED"
+    # 503: every engine held back (restarted, not yet given the current weights), or the engine overloaded.
+    assert built([ok, call([1], [], status=error, http_status=503)]).failure_reason == "ENGINE_FAILED"
     # The agent's own: a request the engine refused (400), an engine failure it recovered from before failing,
     # a rollout that succeeded anyway, and a reason the ledger already gave.
     assert built([call([1], [], status=error, http_status=400)]).failure_reason == "EXIT_CODE"

@@ -13,7 +13,7 @@ import os
 import secrets
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -53,6 +53,8 @@ class Stack:
     console_url: str
     logs: Path
     agent_logs: Path
+    # The running services by name (deploy/local_stack's RunningService; the fault bench restarts them).
+    services: Mapping[str, Any] = field(default_factory=dict)
 
     def client(self) -> LedgerClient:
         return LedgerClient(self.ledger, key=self.key)
@@ -159,7 +161,9 @@ def running_stack(
             if console:
                 port = int(specs["console"].env["AGL_CONSOLE_PORT"])
                 console_url = f"http://{running['console'].address(port)}/"
-            yield Stack(ledger, key, key_file, model_name, proxy_url, engine_url, console_url, logs, agent_logs)
+            yield Stack(
+                ledger, key, key_file, model_name, proxy_url, engine_url, console_url, logs, agent_logs, running
+            )
     except stack_module.StackError as err:
         raise CliError(f"a service did not start: {err}") from None
     finally:

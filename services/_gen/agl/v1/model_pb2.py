@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x61gl/v1/model.proto\x12\x06\x61gl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"w\n\rModelEndpoint\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12/\n\x0bupdate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"8\n\x10ModelEndpointKey\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x61gl/v1/model.proto\x12\x06\x61gl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8d\x01\n\rModelEndpoint\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12/\n\x0bupdate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0cweight_label\x18\x05 \x01(\t\"8\n\x10ModelEndpointKey\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agl.v1.model_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODELENDPOINT']._serialized_start=63
-  _globals['_MODELENDPOINT']._serialized_end=182
-  _globals['_MODELENDPOINTKEY']._serialized_start=184
-  _globals['_MODELENDPOINTKEY']._serialized_end=240
+  _globals['_MODELENDPOINT']._serialized_start=64
+  _globals['_MODELENDPOINT']._serialized_end=205
+  _globals['_MODELENDPOINTKEY']._serialized_start=207
+  _globals['_MODELENDPOINTKEY']._serialized_end=263
 # @@protoc_insertion_point(module_scope)

@@ -9,16 +9,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ModelEndpoint(_message.Message):
-    __slots__ = ("model_name", "endpoint", "version", "update_time")
+    __slots__ = ("model_name", "endpoint", "version", "update_time", "weight_label")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_LABEL_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     endpoint: str
     version: int
     update_time: _timestamp_pb2.Timestamp
-    def __init__(self, model_name: _Optional[str] = ..., endpoint: _Optional[str] = ..., version: _Optional[int] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    weight_label: str
+    def __init__(self, model_name: _Optional[str] = ..., endpoint: _Optional[str] = ..., version: _Optional[int] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., weight_label: _Optional[str] = ...) -> None: ...
 
 class ModelEndpointKey(_message.Message):
     __slots__ = ("model_name", "endpoint")
