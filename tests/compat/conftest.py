@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.proxy.conftest import Http, register, run_proxy, run_standin
+from tests.support.engine import Engine
 from tests.support.procs import REPO_ROOT, ServiceProcess, free_port, start_ledger, start_service, wait_http_ready
 
 KEY = "proxy-test-master-key"  # the proxy fixtures' key (tests.proxy.conftest.KEY)
@@ -68,7 +69,7 @@ def agl1() -> Agl1:
 @dataclass
 class Stack:
     ledger: ServiceProcess
-    engine: Http
+    engine: Http | Engine  # the stand-in, or the real CPU engine (tests.support.engine)
     proxy: Http
 
     @property

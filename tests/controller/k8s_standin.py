@@ -3,7 +3,9 @@
 It speaks the real REST protocol, so the official client talks to it through a generated kubeconfig:
 bearer-token auth, create (201, 409 AlreadyExists, 400/422 with Status bodies), get, list with label
 selectors, delete, and watch (chunked JSON lines, resourceVersion resume, ERROR 410 Expired once history
-is compacted, timeoutSeconds). Pods and pod logs exist for finished Jobs so that failure details (and a
+is compacted, timeoutSeconds), and the discovery documents a client reads first (`/version`, `/api`, `/apis` and
+the group versions' resource lists, open to any authenticated caller as the `system:discovery` role makes them in a
+real cluster). Pods and pod logs exist for finished Jobs so that failure details (and a
 container's termination message) can be read. Tests drive the cluster side with complete_job / fail_job /
 delete_job / expire_watches; Jobs whose activeDeadlineSeconds passes fail with DeadlineExceeded as in a real
 cluster.
@@ -29,6 +31,59 @@ _LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _JOBS = re.compile(r"/apis/batch/v1/namespaces/([^/]+)/jobs(?:/([^/]+))?")
 _PODS = re.compile(r"/api/v1/namespaces/([^/]+)/pods")
 _POD_LOG = re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/log")
+
+
+# The server version the stand-in reports (`GET /version`), and the resources its discovery documents list: the ones
+# it serves, with the verbs it serves them with.
+SERVER_VERSION = {
+    "major": "1",
+    "minor": "31",
+    "gitVersion": "v1.31.0",
+    "gitCommit": "0000000000000000000000000000000000000000",
+    "gitTreeState": "clean",
+    "buildDate": "2024-08-13T07:28:49Z",
+    "goVersion": "go1.22.5",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
+_RESOURCES = {
+    "v1": [
+        {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod", "verbs": ["get", "list"]},
+        {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]},
+    ],
+    "batch/v1": [
+        {
+            "name": "jobs",
+            "singularName": "job",
+            "namespaced": True,
+            "kind": "Job",
+            "verbs": ["create", "delete", "get", "list", "watch"],
+            "categories": ["all"],
+        },
+    ],
+}
+
+
+def discovery_document(path: str) -> dict[str, Any] | None:
+    """What a Kubernetes API server answers to a discovery GET of `path`, or None for a path that is not one. The
+    API server serves each of them with a trailing slash too (kr8s asks for `/version/`, `/api/` and `/apis/`)."""
+    path = path.removesuffix("/") if path != "/" else path
+    if path == "/version":
+        return dict(SERVER_VERSION)
+    if path == "/api":
+        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+    group_versions = [v for v in _RESOURCES if "/" in v]
+    if path == "/apis":
+        groups = []
+        for group_version in group_versions:
+            entry = {"groupVersion": group_version, "version": group_version.split("/")[1]}
+            groups.append({"name": group_version.split("/")[0], "versions": [entry], "preferredVersion": entry})
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+    group_version = path.removeprefix("/apis/") if path.startswith("/apis/") else path.removeprefix("/api/")
+    if path.startswith(("/api/", "/apis/")) and group_version in _RESOURCES:
+        resources = [dict(r) for r in _RESOURCES[group_version]]
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}
+    return None
 
 
 def _now() -> str:
@@ -114,6 +169,7 @@ class K8sStandin:
         self.created: list[str] = []
         self.watch_requests: list[str] = []  # resourceVersion of each watch request
         self.list_requests = 0
+        self.discovery_requests: list[str] = []  # the discovery paths asked for, in order
         self.fail_next_creates: list[int] = []  # HTTP statuses to answer the next creates with
         self.lose_next_create_responses = 0  # creates that store the Job but answer 504 (a lost response)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -350,6 +406,11 @@ class K8sStandin:
             return
         parts = urlsplit(handler.path)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        document = discovery_document(parts.path) if method == "GET" else None
+        if document is not None:  # open to every authenticated caller, whatever its Role
+            self.discovery_requests.append(parts.path.removesuffix("/"))
+            self._send(handler, 200, document)
+            return
         if not self._allowed(method, parts.path, query):
             self.forbidden.append(f"{method} {parts.path}")
             message = f"{method} {parts.path} is forbidden by the controller's Role"

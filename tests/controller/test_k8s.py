@@ -344,3 +344,28 @@ def test_standin_enforces_the_role(tmp_path: Path) -> None:
             jobs.get("any")
         assert denied.value.status == 403
         assert standin.forbidden == [f"GET /apis/batch/v1/namespaces/{NS}/jobs/any"]
+
+
+def test_standin_serves_discovery_to_any_authenticated_caller(tmp_path: Path) -> None:
+    """Discovery as a real API server serves it (what kr8s reads before anything else, v1.0's controller's client):
+    the official client's typed models take every document, a Role that grants nothing does not hide them, and a
+    caller without the token gets 401."""
+    import kubernetes
+
+    with K8sStandin(rbac_rules=[]) as standin:
+        api = load_api_client(str(standin.write_kubeconfig(tmp_path / "kubeconfig")))
+        assert kubernetes.client.VersionApi(api).get_code().git_version == "v1.31.0"
+        assert kubernetes.client.CoreApi(api).get_api_versions().versions == ["v1"]
+        (group,) = kubernetes.client.ApisApi(api).get_api_versions().groups
+        assert group.name == "batch" and group.preferred_version.group_version == "batch/v1"
+        jobs = kubernetes.client.BatchV1Api(api).get_api_resources()
+        assert jobs.group_version == "batch/v1"
+        assert [(r.name, r.kind, r.namespaced) for r in jobs.resources] == [("jobs", "Job", True)]
+        pods = kubernetes.client.CoreV1Api(api).get_api_resources()
+        assert {r.name for r in pods.resources} == {"pods", "pods/log"}
+        assert httpx.get(f"{standin.url}/version/", headers={"Authorization": f"Bearer {standin.token}"}).is_success
+        assert httpx.get(f"{standin.url}/apis").status_code == 401
+        with pytest.raises(KubeError) as denied:  # the Role still decides for the resources themselves
+            KubeJobs(api, NS).list("")
+        assert denied.value.status == 403
+        assert standin.discovery_requests == ["/version", "/api", "/apis", "/apis/batch/v1", "/api/v1", "/version"]
