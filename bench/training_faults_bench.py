@@ -59,6 +59,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-dir", type=Path, default=REPO / "data" / "bench")
     parser.add_argument("--output-dir", type=Path, default=REPO / "data" / "bench" / "faults")
     parser.add_argument("--skip-clean", action="store_true", help="the faulted arm only")
+    # The demo's agents time out after 60 s; the CPU engine takes 40-70 s to start again here, and a rollout in
+    # flight when it dies waits for it (in the proxy, then in its SDK's retries). With 60 s every rollout of that
+    # step timed out and the run stopped ("every rollout failed").
+    parser.add_argument("--rollout-timeout", type=int, default=300, help="seconds a rollout may take (both arms)")
     parser.set_defaults(steps=40, val_every=20)
     args = parser.parse_args(argv)
     if not 0 <= args.kills <= len(KILLS):
@@ -146,7 +150,8 @@ def arm(args: argparse.Namespace, name: str, faults: list[tuple[int, str, float]
     with open(out_dir / "bench.log", "w") as log:
         model = demo_train.prepare_model(data_dir / "models", train, args.warm_start_steps, log, agent)
         plan = demo_train.demo_plan(args, agent, model, train_file, val_file, train)
-        plan = dataclasses.replace(plan, run_id=f"faults-{name}-{args.seed}", save_every=1, output=out_dir)
+        run_id, timeout = f"faults-{name}-{args.seed}", float(args.rollout_timeout)
+        plan = dataclasses.replace(plan, run_id=run_id, save_every=1, output=out_dir, rollout_timeout=timeout)
         context = checks.engine_context(model, plan.max_prompt_length + plan.max_response_length)
         started = time.monotonic()
         with running_stack(

@@ -1,9 +1,11 @@
 """New weights to the engines AGL did not start: every endpoint the ledger has for the model reloads the
 file the actor just wrote, forgets its prefix cache, and is re-registered at the new version.
 
-An engine that refuses (HTTP error, unreachable) fails the step with its own message: training on while one
-engine serves old weights would silently mix policies. The proxies are paused and drained by the caller
-around the push, so no model call straddles two weight versions.
+An engine that refuses (an HTTP error) fails the step with its own message: training on while one engine serves
+old weights would silently mix policies. One that cannot be reached (dead, restarting) is registered at the new
+version with a label no engine reports (`pending`): the proxies hold it back, and the trainer's next catch-up,
+during the next step's rollouts or before it, gives it the weights once it answers. The proxies are paused and
+drained by the caller around the push, so no model call straddles two weight versions.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -26,7 +28,11 @@ T = TypeVar("T")
 
 
 class EnginePushError(RuntimeError):
-    """An engine did not take the new weights, or there is no engine to push to."""
+    """An engine did not take the new weights, or there is no engine to push to; `unreachable`: no answer at all."""
+
+    def __init__(self, message: str, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,7 @@ class PushResult:
     endpoints: list[str]
     seconds: float
     slowest_s: float
+    deferred: list[str] = field(default_factory=list)  # unreachable: held back until a catch-up
 
 
 async def registered_endpoints(ledger: LedgerClient, model_name: str) -> list[model_pb2.ModelEndpoint]:
@@ -52,12 +59,20 @@ def pushed(model_name: str, endpoint: str, version: int) -> model_pb2.ModelEndpo
     return model_pb2.ModelEndpoint(model_name=model_name, endpoint=endpoint, version=version, weight_label=str(version))
 
 
+def pending(model_name: str, endpoint: str, version: int) -> model_pb2.ModelEndpoint:
+    """The registration of an engine that could not be given the weights of `version`: at that version (so no
+    stale version is the model's newest), with a label no engine reports, so the proxies hold it back."""
+    return model_pb2.ModelEndpoint(
+        model_name=model_name, endpoint=endpoint, version=version, weight_label=f"pending {version}"
+    )
+
+
 async def _push_one(endpoint: str, weights_dir: Path, version: int, timeout_s: float) -> float:
     try:
         async with EngineControl(endpoint, timeout_s=timeout_s) as engine:
             reload = await engine.push_weights(weights_dir, version)
     except EngineError as err:
-        raise EnginePushError(str(err)) from err
+        raise EnginePushError(str(err), unreachable=err.status is None) from err
     return reload.seconds
 
 
@@ -73,11 +88,26 @@ async def push_weights(
     """Reloads every registered engine of the model from weights_dir, then records `version` on them."""
     started = time.perf_counter()
     targets = list(endpoints) if endpoints is not None else await registered_endpoints(ledger, model_name)
-    seconds = await asyncio.gather(*(_push_one(e.endpoint, weights_dir, version, timeout_s) for e in targets))
-    await ledger.register_models([pushed(model_name, e.endpoint, version) for e in targets])
-    names = [e.endpoint for e in targets]
+    outcomes = await asyncio.gather(
+        *(_push_one(e.endpoint, weights_dir, version, timeout_s) for e in targets), return_exceptions=True
+    )
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException) and not (isinstance(outcome, EnginePushError) and outcome.unreachable):
+            raise outcome
+    done = [e for e, outcome in zip(targets, outcomes, strict=True) if not isinstance(outcome, BaseException)]
+    away = [e for e, outcome in zip(targets, outcomes, strict=True) if isinstance(outcome, BaseException)]
+    registrations = [pushed(model_name, e.endpoint, version) for e in done]
+    await ledger.register_models(registrations + [pending(model_name, e.endpoint, version) for e in away])
+    for endpoint, outcome in zip(targets, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            log.warning("engine %s: not reached (%s); held back until it is given weights v%d", endpoint.endpoint,
+                        outcome, version)  # fmt: skip
+    names = [e.endpoint for e in done]
     log.info("weights v%d pushed to %d engine(s) in %.3fs", version, len(names), time.perf_counter() - started)
-    return PushResult(names, time.perf_counter() - started, max(seconds, default=0.0))
+    seconds = [outcome for outcome in outcomes if isinstance(outcome, float)]
+    return PushResult(
+        names, time.perf_counter() - started, max(seconds, default=0.0), deferred=[e.endpoint for e in away]
+    )
 
 
 async def _serves(endpoint: str, version: int, level: int = logging.WARNING) -> bool | None:

@@ -256,6 +256,7 @@ class AglPPOTrainer(RayPPOTrainer):
             push_weights(self.ledger, self.agl.model_name, Path(self.agl.weights_dir), self.global_steps)
         )
         metrics["agl/push/engines"] = float(len(pushed.endpoints))
+        metrics["agl/push/deferred_engines"] = float(len(pushed.deferred))
         metrics["agl/push/reload_s"] = pushed.slowest_s
         metrics["agl/push/seconds"] = pushed.seconds
 

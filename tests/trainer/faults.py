@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 
 from deploy import local_stack
-from services._gen.agl.v1 import rollout_pb2
+from services._gen.agl.v1 import proxy_control_pb2, rollout_pb2
 from services.client import LedgerError
 from tests.support.engine import Engine
 from tests.support.procs import processes_mentioning
@@ -41,6 +41,17 @@ def running_rollouts(stack: Stack, step: int, run_id: str = RUN) -> bool:
     return any(
         r.status.state == rollout_pb2.ROLLOUT_STATE_RUNNING for r in asyncio.run(step_rollouts(stack, step, run_id))
     )
+
+
+def paused_by_the_run(stack: Stack, run_id: str = RUN) -> bool:
+    """Whether the proxies are paused by the run's trainer (a weight update in progress)."""
+
+    async def control() -> proxy_control_pb2.ProxyControl:
+        async with stack.client() as client:
+            return await client.get_proxy_control()
+
+    state = asyncio.run(control())
+    return state.paused and state.owner == f"trainer:{run_id}"
 
 
 async def reported_steps(stack: Stack, run_id: str = RUN) -> dict[int, dict[str, float]]:

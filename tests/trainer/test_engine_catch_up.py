@@ -72,5 +72,14 @@ async def test_a_restarted_engine_is_pushed_the_current_weights_and_a_current_on
 
                 # Before the first update there is nothing to catch up with.
                 assert await catch_up(client, MODEL, tmp_path / "empty", 0, endpoints) == []
+
+                # A push while one engine is dead: the live one takes the weights; the dead one is registered at the
+                # new version under a label no engine reports (the proxies hold it back) until a catch-up reaches it.
+                pushed = await push_weights(client, MODEL, weights, 4)
+                assert pushed.endpoints == [cpu_engine.openai_url] and pushed.deferred == [dead]
+                labels = {e.endpoint: (e.version, e.weight_label) for e in await client.list_models(MODEL)}
+                assert labels == {cpu_engine.openai_url: (4, "4"), dead: (4, "pending 4")}
+                async with cpu_engine.control() as control:
+                    assert await control.weight_version() == "4"
     finally:
         await restart_state(cpu_engine)

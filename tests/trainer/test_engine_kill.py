@@ -1,8 +1,10 @@
-"""kill -9 of the engine while a training step's rollouts run, restarted on the same port as compose's
-`restart: unless-stopped` does (issue 29). The restarted engine serves its base model, labelled `default`, while
-the registry still lists it at the last push: the proxy holds it back (its calls wait), the trainer gives it the
-current weights during the step, and only then is it routed to again. No rollout samples from stale weights, which
-the engine/trainer log-prob gap of every step shows (base-model samples would put it far above the bound).
+"""kill -9 of the engine while a training step's rollouts run, and again during a weight update, each time
+restarted on the same port as compose's `restart: unless-stopped` does (issue 29). The restarted engine serves
+its base model, labelled `default`, while the registry still lists it at the last push (or, when the push found
+it dead, at the new version under a `pending` label): the proxy holds it back (its calls wait), the trainer gives
+it the current weights during the step, and only then is it routed to again. No rollout samples from stale
+weights, which the engine/trainer log-prob gap of every step shows (base-model samples would put it far above
+the bound).
 
 One CPU run of 5 steps on an engine of its own (the session's engine is shared with other tests)."""
 
@@ -20,11 +22,11 @@ import pytest
 
 from services._gen.agl.v1 import run_pb2
 from services.engine.control import EngineControl
-from tests.support.engine import build_model, chat, run_engine
+from tests.support.engine import Engine, build_model, chat, run_engine
 from tests.support.procs import free_port
 from tests.trainer import cpu_stack
 from tests.trainer.cpu_stack import KEY, endpoint_version, write_tasks
-from tests.trainer.faults import Trainer, reported_steps, running_rollouts, wait_until
+from tests.trainer.faults import Trainer, paused_by_the_run, reported_steps, running_rollouts, wait_until
 
 pytestmark = [pytest.mark.trainer, pytest.mark.timeout(1800)]
 
@@ -57,13 +59,20 @@ def test_kill_9_of_the_engine_mid_step_it_is_held_back_caught_up_and_no_rollout_
                           extra=("agl.launch.timeout_seconds=400",))  # fmt: skip
         proc = trainer.start()
 
+        def kill_and_restart(engine: Engine, name: str) -> tuple[Engine, float]:
+            killed = time.monotonic()
+            os.killpg(engine.proc.pid, signal.SIGKILL)
+            engine.proc.wait()
+            # Back on the same port from its base model, as its container's restart policy brings it.
+            restarted = engines.enter_context(run_engine(model_dir, log_dir=root / name, port=port))
+            return restarted, time.monotonic() - killed
+
         wait_until(proc, lambda: running_rollouts(stack, KILLED_AT, RUN), f"step {KILLED_AT}'s rollouts", trainer.log)
-        killed = time.monotonic()
-        os.killpg(engine.proc.pid, signal.SIGKILL)
-        engine.proc.wait()
-        # Back on the same port from its base model, as its container's restart policy brings it.
-        restarted = engines.enter_context(run_engine(model_dir, log_dir=root / "restarted", port=port))
-        back = time.monotonic() - killed
+        restarted, back = kill_and_restart(engine, "restarted")
+        # Again during a weight update (the proxies paused): the push finds it dead (or it dies after its reload);
+        # either way it is held back until the trainer's catch-up reaches it during the next step's rollouts.
+        wait_until(proc, lambda: paused_by_the_run(stack, RUN), "a weight update", trainer.log)
+        restarted, back_again = kill_and_restart(restarted, "restarted-again")
         assert proc.wait(timeout=900) == 0, trainer.log()[-6000:]
 
         async def label() -> str:
@@ -81,7 +90,7 @@ def test_kill_9_of_the_engine_mid_step_it_is_held_back_caught_up_and_no_rollout_
                 return (await client.get_run(RUN)).state
 
         state = asyncio.run(run_state())
-    print(f"the engine was back {back:.1f}s after kill -9")
+    print(f"the engine was back {back:.1f}s after kill -9 mid-step, {back_again:.1f}s after kill -9 mid-push")
 
     assert sorted(s for s in reported if s > 0) == list(range(1, STEPS + 1)), reported
     for step in range(1, STEPS + 1):
@@ -93,6 +102,7 @@ def test_kill_9_of_the_engine_mid_step_it_is_held_back_caught_up_and_no_rollout_
         assert m.get("agl/push/logprob_diff_max", 0.0) < GAP_BOUND, (step, m.get("agl/push/logprob_diff_max"))
     caught = {s: reported[s].get("agl/push/caught_up_engines") for s in range(KILLED_AT, STEPS + 1)}
     assert caught[KILLED_AT] == 1.0, caught  # during the killed step itself, not before the next one
+    assert sum(caught.values()) == 2.0, caught  # and once after the kill during the push
     assert reported[KILLED_AT]["agl/health/engine_unavailable_calls"] > 0, reported[KILLED_AT]
     gaps = {s: round(reported[s].get("agl/push/logprob_diff_max", -1), 7) for s in range(1, STEPS + 1)}
     print("engine/trainer log-prob gap per step:", gaps)

@@ -23,7 +23,7 @@ from services._gen.agl.v1 import proxy_control_pb2, rollout_pb2, run_pb2
 from tests.support.engine import Engine
 from tests.trainer import cpu_stack
 from tests.trainer.cpu_stack import Stack, endpoint_version, write_tasks
-from tests.trainer.faults import LIVE, Trainer, reported_steps, running_rollouts, wait_until
+from tests.trainer.faults import LIVE, Trainer, paused_by_the_run, reported_steps, running_rollouts, wait_until
 
 pytestmark = [pytest.mark.trainer, pytest.mark.timeout(1800)]
 
@@ -36,15 +36,6 @@ AGENT = "tests.trainer.agents:PatientParityAgent"
 def stack(tmp_path_factory: pytest.TempPathFactory, cpu_engine: Engine) -> Stack:
     with cpu_stack.start(tmp_path_factory.mktemp("service-kills"), cpu_engine) as started:
         yield started
-
-
-def paused_by_the_run(stack: Stack, run_id: str) -> bool:
-    async def control() -> proxy_control_pb2.ProxyControl:
-        async with stack.client() as client:
-            return await client.get_proxy_control()
-
-    state = asyncio.run(control())
-    return state.paused and state.owner == f"trainer:{run_id}"
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
