@@ -88,10 +88,12 @@ def steps_on_record(metrics: Path) -> list[int]:
 
 
 class TrainerCommand:
-    """The trainer command of the arm, started again after a kill (it resumes from its checkpoint)."""
+    """The trainer command of the arm, started again after a kill (it resumes from its checkpoint). verl's file
+    logger starts its file afresh at each start: what a killed trainer wrote is kept in `history` first."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
-        self.argv, self.env, self.log = argv, env, log
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, metrics: Path) -> None:
+        self.argv, self.env, self.log, self.metrics = argv, env, log, metrics
+        self.history = metrics.with_name("trainer-metrics-history.jsonl")
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -105,6 +107,14 @@ class TrainerCommand:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        if self.metrics.exists():
+            with open(self.history, "a") as history:
+                history.write(self.metrics.read_text())
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every step record the trainer wrote, across its restarts, in order."""
+        text = (self.history.read_text() if self.history.exists() else "") + self.metrics.read_text()
+        return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
 
 
 def wait_for_step(metrics: Path, step: int, trainer: TrainerCommand, timeout_s: float = 1800) -> None:
@@ -161,7 +171,7 @@ def arm(args: argparse.Namespace, name: str, faults: list[tuple[int, str, float]
             metrics = stack.logs / "trainer-metrics.jsonl"
             argv = [sys.executable, "-m", "services.trainer", *session.trainer_overrides(plan, stack, model)]
             env = child_environment({"VERL_FILE_LOGGER_PATH": str(metrics), "AGL_KEY": stack.key})
-            trainer = TrainerCommand(argv, env, stack.logs / "trainer.log")
+            trainer = TrainerCommand(argv, env, stack.logs / "trainer.log", metrics)
             trainer.start()
             costs = []
             for step, kind, delay in faults:
@@ -176,7 +186,7 @@ def arm(args: argparse.Namespace, name: str, faults: list[tuple[int, str, float]
             total, live = asyncio.run(ledger_state(stack, plan.run_id))
     if code != 0:
         raise SystemExit(f"{name}: the trainer exited with {code}; see {trainer.log}")
-    return figures(out_dir, metrics, plan.steps) | {
+    return figures(out_dir, trainer.records(), plan.steps) | {
         "wall_s": round(wall, 1),
         "faults": costs,
         "stranded": live,
@@ -184,8 +194,7 @@ def arm(args: argparse.Namespace, name: str, faults: list[tuple[int, str, float]
     }
 
 
-def figures(out_dir: Path, metrics: Path, steps: int) -> dict[str, Any]:
-    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+def figures(out_dir: Path, records: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     # A resumed trainer writes a redone step again: the last record of each step is the one that counts.
     by_step = {r["step"]: r["data"] for r in records}
     accuracy = [
