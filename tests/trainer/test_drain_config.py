@@ -100,7 +100,7 @@ def test_config_rejects_what_cannot_work() -> None:
     with pytest.raises(ValueError, match="run id"):
         settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.run_id='a/b'"))
     # The mid-step engine check: a number of seconds, and only where there are external engines to check.
-    with pytest.raises(ConfigError, match="agl.engines.check_seconds=-1"):
+    with pytest.raises(ConfigError, match=r"agl\.engines\.check_seconds=-1"):
         settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.engines.check_seconds=-1"))
     with pytest.raises(ConfigError, match="external engines only"):
         settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.engines.check_seconds=5"))
