@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import hydra
@@ -14,6 +15,10 @@ CONFIG_DIR = str(Path(__file__).resolve().parent / "hydra-conf")
 @hydra.main(config_path=CONFIG_DIR, config_name="agl_trainer", version_base=None)
 def main(config) -> None:  # type: ignore[no-untyped-def]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from . import fate
+
+    if not sys.platform.startswith("win"):
+        fate.mark()  # before Ray is imported (fate.py); the watchdog starts only for a cluster of the driver's own
     from .config import ConfigError
     from .guardrails import HealthStop
     from .runner import run

@@ -74,18 +74,26 @@ def kill_all(token: str, quiet_s: float = QUIET_S, sweep_s: float = SWEEP_S) -> 
     return killed
 
 
+def mark() -> str:
+    """Puts the token in this process's environment (once), before Ray is imported: a Ray helper was found alive
+    with no token, orphaned, after an interrupted driver's sweeps, as if started from an environment taken before
+    share_fate set it. The watchdog starts only in share_fate."""
+    token = os.environ.get(TOKEN_VARIABLE) or uuid.uuid4().hex
+    os.environ[TOKEN_VARIABLE] = token
+    return token
+
+
 def kill_cluster() -> int:
     """Kills this driver's own cluster now (an interrupted driver); 0 where it shares no fate."""
     token = os.environ.get(TOKEN_VARIABLE)
-    return kill_all(token) if token else 0
+    return kill_all(token) if token and _HELD else 0
 
 
 def share_fate() -> subprocess.Popen[bytes] | None:
     """Marks this process's environment and starts the watchdog (see the module's docstring); None off Linux."""
     if not sys.platform.startswith("linux") or not Path("/proc/self/environ").exists():
         return None
-    token = uuid.uuid4().hex
-    os.environ[TOKEN_VARIABLE] = token
+    token = mark()
     read_end, write_end = os.pipe()
     # The watchdog itself does not carry the token (it must outlive the killing), and it keeps only the read end.
     env = {k: v for k, v in os.environ.items() if k in WATCHDOG_ENV}
