@@ -89,7 +89,6 @@ class EngineChecker:
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(headers=headers, trust_env=False)
         self._wake = asyncio.Event()
-        self.checks = 0
 
     def poke(self) -> None:
         """Checks again now (the registry changed, or a call found an engine unreachable)."""
@@ -108,7 +107,6 @@ class EngineChecker:
                 # Another label than its base one: a push between its reload and its registration, not a restart.
                 pushing = not state.startswith(UNREACHABLE) and f"{BASE_LABEL!r}," not in state
                 log.log(logging.INFO if pushing else logging.WARNING, "engine %s held back: %s", endpoint.url, state)
-        self.checks += 1
         if changed and self.on_change is not None:
             self.on_change()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
 import hydra
@@ -17,8 +16,7 @@ def main(config) -> None:  # type: ignore[no-untyped-def]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from . import fate
 
-    if not sys.platform.startswith("win"):
-        fate.mark()  # before Ray is imported (fate.py); the watchdog starts only for a cluster of the driver's own
+    fate.mark()  # before Ray is imported (fate.py); the watchdog starts only for a cluster of the driver's own
     from .config import ConfigError
     from .guardrails import HealthStop
     from .runner import run

@@ -91,17 +91,18 @@ async def push_weights(
     outcomes = await asyncio.gather(
         *(_push_one(e.endpoint, weights_dir, version, timeout_s) for e in targets), return_exceptions=True
     )
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException) and not (isinstance(outcome, EnginePushError) and outcome.unreachable):
-            raise outcome
-    done = [e for e, outcome in zip(targets, outcomes, strict=True) if not isinstance(outcome, BaseException)]
-    away = [e for e, outcome in zip(targets, outcomes, strict=True) if isinstance(outcome, BaseException)]
-    registrations = [pushed(model_name, e.endpoint, version) for e in done]
-    await ledger.register_models(registrations + [pending(model_name, e.endpoint, version) for e in away])
+    done, away = [], []
     for endpoint, outcome in zip(targets, outcomes, strict=True):
-        if isinstance(outcome, BaseException):
+        if not isinstance(outcome, BaseException):
+            done.append(endpoint)
+        elif isinstance(outcome, EnginePushError) and outcome.unreachable:
             log.warning("engine %s: not reached (%s); held back until it is given weights v%d", endpoint.endpoint,
                         outcome, version)  # fmt: skip
+            away.append(endpoint)
+        else:
+            raise outcome
+    registrations = [pushed(model_name, e.endpoint, version) for e in done]
+    await ledger.register_models(registrations + [pending(model_name, e.endpoint, version) for e in away])
     names = [e.endpoint for e in done]
     log.info("weights v%d pushed to %d engine(s) in %.3fs", version, len(names), time.perf_counter() - started)
     seconds = [outcome for outcome in outcomes if isinstance(outcome, float)]
