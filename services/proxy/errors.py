@@ -1,6 +1,7 @@
 """Domain errors of the proxy and the one table that maps them, and ledger (gRPC) statuses, to HTTP.
 
-Every error the agent sees is OpenAI-shaped: {"error": {"message", "type", "code"}} with the status of the table.
+An error's body is OpenAI-shaped, {"error": {"message", "type", "code"}}, with the status of the table; a route of
+another agent API answers it in that API's shape (error_shapes.py), the status unchanged.
 """
 
 from __future__ import annotations
