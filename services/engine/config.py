@@ -32,6 +32,10 @@ class EngineConfig:
     # vLLM's render / generate / derender endpoints (--enable-scale-out): the proxy continues a rollout's turns
     # in the tokens the model sampled through them (services/proxy/token_continuation.py).
     token_endpoints: bool = True
+    # LoRA adapters loaded at runtime (a LoRA run's pushes: services/trainer/lora.py): the largest rank one may
+    # have (vLLM's --max-lora-rank; 0: no LoRA) and how many are served at once (--max-loras: one per run).
+    lora_rank: int = 0
+    max_loras: int = 1
     extra_args: tuple[str, ...] = ()
 
 
@@ -72,6 +76,11 @@ SETTINGS = st.Settings(
         st.Setting("--token-endpoints", "AGL_ENGINE_TOKEN_ENDPOINTS", st.switch(), _D.token_endpoints,
                    "serve vLLM's render/generate/derender endpoints (--enable-scale-out), which the proxy's token "
                    "continuation uses"),
+        st.Setting("--lora-rank", "AGL_ENGINE_LORA_RANK", st.integer(0), _D.lora_rank,
+                   "serve LoRA adapters up to this rank, loaded at runtime by a LoRA run's pushes (vLLM's "
+                   "--enable-lora --max-lora-rank; 0: none)"),
+        st.Setting("--max-loras", "AGL_ENGINE_MAX_LORAS", _N, _D.max_loras,
+                   "adapters served at once (vLLM's --max-loras): one per run training on this engine"),
         st.Setting(None, "AGL_ENGINE_EXTRA_ARGS", st.shell_words(), (), "more vLLM flags, before those after `--`",
                    name="extra_args"),
     ],
@@ -85,4 +94,6 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     values = SETTINGS.resolve(args, env)
     if not values["model_dir"]:
         SETTINGS.fail("--model-dir (or AGL_ENGINE_MODEL_DIR) is required: the Hugging Face model directory to serve")
+    if values["max_loras"] != _D.max_loras and not values["lora_rank"]:
+        SETTINGS.fail("--max-loras (AGL_ENGINE_MAX_LORAS) needs --lora-rank: without it the engine serves no adapter")
     return EngineConfig(**{**values, "extra_args": values["extra_args"] + tuple(args.vllm_args)})

@@ -23,6 +23,10 @@ PauseMode = Literal["abort", "wait", "keep"]
 # vLLM's own reload; AGL's worker extension adds a checked one that rolls back a failed reload (vllm_ext.py).
 AGL_RELOAD = "agl_reload_weights"
 VLLM_RELOAD = "reload_weights"
+# The weight label of a LoRA adapter (ModelEndpoint.weight_label): the directory it was loaded from. vLLM's
+# /weight_info label is one per engine, while an engine serves several adapters, each with its own version; its
+# /v1/models lists each loaded adapter with that directory as `root`, so the label can be read per adapter.
+ADAPTER_LABEL = "adapter:"
 
 
 class EngineError(Exception):
@@ -48,6 +52,18 @@ def engine_root(url: str) -> str:
     """The server root of an engine given as its root or as its OpenAI base URL (`.../v1`, as registered)."""
     root = url.rstrip("/")
     return root.removesuffix("/v1")
+
+
+def adapter_label(path: str | os.PathLike[str]) -> str:
+    return ADAPTER_LABEL + os.fspath(path)
+
+
+def served_adapter_label(models: Any, name: str) -> str:
+    """The label of the adapter `name` as an engine's GET /v1/models answer lists it (`adapter:none` if absent)."""
+    for card in models.get("data") or [] if isinstance(models, dict) else []:
+        if isinstance(card, dict) and card.get("id") == name and card.get("parent"):  # an adapter, not a base
+            return adapter_label(str(card.get("root") or ""))
+    return ADAPTER_LABEL + "none"
 
 
 def _message(response: httpx.Response) -> str:
@@ -166,6 +182,35 @@ class EngineControl:
         if version is not None:
             await self.set_weight_version(version)
         return reload
+
+    async def load_adapter(self, name: str, adapter_dir: str | os.PathLike[str]) -> Reload:
+        """Loads the PEFT adapter in adapter_dir (a path on the engine's host) under `name`, replacing the adapter
+        of that name if one is loaded (the engine started with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING,
+        as `python -m services.engine --lora-rank R` does), then drops the prefix cache. vLLM checks the adapter
+        (its rank against --max-lora-rank, its modules against the model) before it evicts the old one, so a
+        refused adapter leaves the previous one serving."""
+        path = os.fspath(adapter_dir)
+        started = time.perf_counter()
+        body = {"lora_name": name, "lora_path": path, "load_inplace": True}
+        try:
+            await self._call("POST", "/v1/load_lora_adapter", json=body, what=f"{name} from {path}")
+        except EngineError as err:
+            if err.message in ("Not Found", "Method Not Allowed"):  # no such route: no runtime LoRA updates
+                raise EngineError(
+                    self.url, "POST /v1/load_lora_adapter", err.status,
+                    "the engine does not load LoRA adapters at runtime: start it with `--lora-rank R` "
+                    "(vLLM's --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)",
+                ) from err  # fmt: skip
+            raise
+        await self.reset_prefix_cache()
+        seconds = time.perf_counter() - started
+        log.info("engine %s loaded adapter %s from %s in %.3fs", self.url, name, path, seconds)
+        return Reload(weights_dir=path, seconds=seconds, method="load_lora_adapter")
+
+    async def served_adapter(self, name: str) -> str:
+        """The label of the adapter the engine serves under `name` (served_adapter_label)."""
+        response = await self._call("GET", "/v1/models")
+        return served_adapter_label(response.json(), name)
 
     async def reset_prefix_cache(self, attempts: int = 20, interval_s: float = 0.05) -> None:
         """Drops cached prefixes (computed with old weights). vLLM refuses while running requests hold blocks:

@@ -72,6 +72,8 @@ def vllm_argv(config: EngineConfig, model_dir: Path, python: str) -> tuple[str, 
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser]
     if config.token_endpoints and "--enable-scale-out" not in config.extra_args:
         argv.append("--enable-scale-out")
+    if config.lora_rank:
+        argv += ["--enable-lora", "--max-lora-rank", str(config.lora_rank), "--max-loras", str(config.max_loras)]
     return (*argv, *config.extra_args)
 
 
@@ -82,6 +84,8 @@ def vllm_env(config: EngineConfig, base: Mapping[str, str]) -> dict[str, str]:
     env["VLLM_CPU_KVCACHE_SPACE"] = str(config.kv_cache_gib)
     env["VLLM_LOGGING_LEVEL"] = config.log_level.upper()
     env["VLLM_NO_USAGE_STATS"] = "1"
+    if config.lora_rank:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter: each push loads the new version
     env["HF_HUB_OFFLINE"] = "1"
     # vLLM's worker process imports the extension by name: the `services` package must be on its path.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SOURCE_ROOT), base.get("PYTHONPATH", "")) if p)

@@ -8,7 +8,9 @@ So every endpoint's label is read every `interval_s`, at once when the registry 
 engine unreachable; an endpoint whose engine reports another label than registered, or refuses connections, is
 held back (routing.py) until it agrees again (the trainer catches a restarted engine up during the step:
 services/trainer/engine_push.py). An endpoint registered without a label (by hand, verl's own replicas) is held
-back only while it refuses connections. A slow answer (a busy engine) changes nothing.
+back only while it refuses connections. A slow answer (a busy engine) changes nothing. A LoRA run's endpoint is
+registered with its adapter's directory as the label (`adapter:<dir>`): its engine's `GET /v1/models` says which
+directory the adapter of the model's name was loaded from (none after a restart).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import logging
 from collections.abc import Callable
 
 import httpx
+
+from services.engine.control import ADAPTER_LABEL, served_adapter_label
 
 from .errors import ProxyError
 from .routing import Endpoint, RoutingTable
@@ -50,11 +54,14 @@ def label_verdict(label: str, expected: str) -> str | None:
     return f"reports weights {label!r}, registered as {expected!r}"
 
 
-async def probe(client: httpx.AsyncClient, endpoint: Endpoint, timeout_s: float) -> str | bool | None:
+async def probe(
+    client: httpx.AsyncClient, endpoint: Endpoint, timeout_s: float, model_name: str = ""
+) -> str | bool | None:
     """One endpoint's state: why to hold it (a reason), that it may serve (True), or that nothing is known (None)."""
     root = endpoint.url.rstrip("/").removesuffix("/v1")
+    adapter = endpoint.weight_label.startswith(ADAPTER_LABEL)
     try:
-        response = await client.get(f"{root}/weight_info", timeout=timeout_s)
+        response = await client.get(f"{root}/v1/models" if adapter else f"{root}/weight_info", timeout=timeout_s)
     except httpx.ConnectError as err:
         return f"{UNREACHABLE} ({type(err).__name__}: {err})"
     except httpx.HTTPError:  # slow, or an answer cut off: a busy engine is not a stale one
@@ -64,7 +71,8 @@ async def probe(client: httpx.AsyncClient, endpoint: Endpoint, timeout_s: float)
     if response.status_code != 200:
         return None
     try:
-        label = response.json()["weight_version"]
+        body = response.json()
+        label = served_adapter_label(body, model_name) if adapter else body["weight_version"]
     except (ValueError, KeyError, TypeError):
         return None
     return label_verdict(str(label), endpoint.weight_label) or True
@@ -96,7 +104,8 @@ class EngineChecker:
 
     async def check(self) -> None:
         endpoints = self.routing.endpoints
-        states = await asyncio.gather(*(probe(self._client, e, self.timeout_s) for e in endpoints))
+        model = self.routing.model_name
+        states = await asyncio.gather(*(probe(self._client, e, self.timeout_s, model) for e in endpoints))
         changed = False
         for endpoint, state in zip(endpoints, states, strict=True):
             if state is True and self.routing.release(endpoint.url):
@@ -105,7 +114,8 @@ class EngineChecker:
             elif isinstance(state, str) and self.routing.hold(endpoint.url, state):
                 changed = True
                 # Another label than its base one: a push between its reload and its registration, not a restart.
-                pushing = not state.startswith(UNREACHABLE) and f"{BASE_LABEL!r}," not in state
+                restarted = f"{BASE_LABEL!r}," in state or f"'{ADAPTER_LABEL}none'," in state
+                pushing = not state.startswith(UNREACHABLE) and not restarted
                 log.log(logging.INFO if pushing else logging.WARNING, "engine %s held back: %s", endpoint.url, state)
         if changed and self.on_change is not None:
             self.on_change()

@@ -20,6 +20,7 @@ from .adapter import DataPathSettings
 from .aggregation import AggregationLevel
 from .guardrails import DEFAULT_LIMITS, Limit, parse_limits
 from .infra_policy import InfraSettings, Policy
+from .lora import trains_adapter
 from .manager import ManagerSettings
 from .retention import check_keep_steps
 from .specs import LaunchSettings, check_run_id
@@ -55,6 +56,8 @@ class TrainerSettings:
     # Engines AGL did not start (registered in the ledger) get the weights by file after each update.
     external_engines: bool = False
     weights_dir: str = ""
+    # A LoRA run on external engines: the engines load the adapter under model_name (lora.py).
+    adapter_push: bool = False
     # How often a step's rollouts pause to catch up a restarted external engine; 0: only before each step.
     engine_check_s: float = 2.0
     # JSONL of every consumed rollout with its decoded text (services/trainer/trajectory_log.py); None: off.
@@ -267,6 +270,7 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         val_max_samples=int(agl.get("val_max_samples", 0) or 0),
         external_engines=external,
         weights_dir=weights_dir,
+        adapter_push=external and trains_adapter(_get(cfg, "actor_rollout_ref.model", {}) or {}),
         engine_check_s=float(engine_check_s),
         trajectory_log=str(agl.trajectory_log) if agl.get("trajectory_log") else None,
         infra=infra,

@@ -1,5 +1,6 @@
 """New weights to the engines AGL did not start: every endpoint the ledger has for the model reloads the
-file the actor just wrote, forgets its prefix cache, and is re-registered at the new version.
+file the actor just wrote, forgets its prefix cache, and is re-registered at the new version. A LoRA run's
+engines load the adapter's new version under the model's name instead (Weights.adapter; lora.py).
 
 An engine that refuses (an HTTP error) fails the step with its own message: training on while one engine serves
 old weights would silently mix policies. One that cannot be reached (dead, restarting) is registered at the new
@@ -21,7 +22,9 @@ from typing import TypeVar
 
 from services._gen.agl.v1 import model_pb2
 from services.client import LedgerClient
-from services.engine.control import EngineControl, EngineError
+from services.engine.control import EngineControl, EngineError, Reload, adapter_label
+
+from .lora import adapter_dir
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,10 +56,38 @@ async def registered_endpoints(ledger: LedgerClient, model_name: str) -> list[mo
     return endpoints
 
 
-def pushed(model_name: str, endpoint: str, version: int) -> model_pb2.ModelEndpoint:
+@dataclass(frozen=True)
+class Weights:
+    """What the actor writes for the engines: its full weights (one file in `dir`), or, with `adapter`, a LoRA
+    adapter per version (dir/adapter-v<N>) that the engines load under the model's name."""
+
+    dir: Path
+    adapter: bool = False
+
+    def written(self, version: int) -> bool:
+        if self.adapter:
+            return adapter_dir(self.dir, version).is_dir()
+        return any(self.dir.glob("*.safetensors"))
+
+    def label(self, version: int) -> str:
+        """What an engine serving `version` reports (full weights: /weight_info; an adapter: its directory)."""
+        return adapter_label(adapter_dir(self.dir, version)) if self.adapter else str(version)
+
+    async def load(self, engine: EngineControl, model_name: str, version: int) -> Reload:
+        if self.adapter:
+            return await engine.load_adapter(model_name, adapter_dir(self.dir, version))
+        return await engine.push_weights(self.dir, version)
+
+    async def served(self, engine: EngineControl, model_name: str) -> str:
+        return await engine.served_adapter(model_name) if self.adapter else await engine.weight_version()
+
+
+def pushed(model_name: str, endpoint: str, version: int, label: str | None = None) -> model_pb2.ModelEndpoint:
     """The registration of an engine given the weights of `version`: the label it reports for them is recorded
     too, so the proxies can tell when it serves something else (a restart: services/proxy/engine_check.py)."""
-    return model_pb2.ModelEndpoint(model_name=model_name, endpoint=endpoint, version=version, weight_label=str(version))
+    return model_pb2.ModelEndpoint(
+        model_name=model_name, endpoint=endpoint, version=version, weight_label=str(version) if label is None else label
+    )
 
 
 def pending(model_name: str, endpoint: str, version: int) -> model_pb2.ModelEndpoint:
@@ -67,10 +98,10 @@ def pending(model_name: str, endpoint: str, version: int) -> model_pb2.ModelEndp
     )
 
 
-async def _push_one(endpoint: str, weights_dir: Path, version: int, timeout_s: float) -> float:
+async def _push_one(endpoint: str, model_name: str, weights: Weights, version: int, timeout_s: float) -> float:
     try:
         async with EngineControl(endpoint, timeout_s=timeout_s) as engine:
-            reload = await engine.push_weights(weights_dir, version)
+            reload = await weights.load(engine, model_name, version)
     except EngineError as err:
         raise EnginePushError(str(err), unreachable=err.status is None) from err
     return reload.seconds
@@ -79,17 +110,19 @@ async def _push_one(endpoint: str, weights_dir: Path, version: int, timeout_s: f
 async def push_weights(
     ledger: LedgerClient,
     model_name: str,
-    weights_dir: Path,
+    weights: Weights | Path,
     version: int,
     *,
     timeout_s: float = 300.0,
     endpoints: Sequence[model_pb2.ModelEndpoint] | None = None,
 ) -> PushResult:
-    """Reloads every registered engine of the model from weights_dir, then records `version` on them."""
+    """Reloads every registered engine of the model from `weights` (a Path: full weights there), then records
+    `version` on them."""
+    weights = weights if isinstance(weights, Weights) else Weights(weights)
     started = time.perf_counter()
     targets = list(endpoints) if endpoints is not None else await registered_endpoints(ledger, model_name)
     outcomes = await asyncio.gather(
-        *(_push_one(e.endpoint, weights_dir, version, timeout_s) for e in targets), return_exceptions=True
+        *(_push_one(e.endpoint, model_name, weights, version, timeout_s) for e in targets), return_exceptions=True
     )
     done, away = [], []
     for endpoint, outcome in zip(targets, outcomes, strict=True):
@@ -101,7 +134,7 @@ async def push_weights(
             away.append(endpoint)
         else:
             raise outcome
-    registrations = [pushed(model_name, e.endpoint, version) for e in done]
+    registrations = [pushed(model_name, e.endpoint, version, weights.label(version)) for e in done]
     await ledger.register_models(registrations + [pending(model_name, e.endpoint, version) for e in away])
     names = [e.endpoint for e in done]
     log.info("weights v%d pushed to %d engine(s) in %.3fs", version, len(names), time.perf_counter() - started)
@@ -111,11 +144,13 @@ async def push_weights(
     )
 
 
-async def _serves(endpoint: str, version: int, level: int = logging.WARNING) -> bool | None:
-    """Whether the engine labels its weights `version`; None when it does not answer (the proxies fail over)."""
+async def _serves(
+    endpoint: str, model_name: str, weights: Weights, version: int, level: int = logging.WARNING
+) -> bool | None:
+    """Whether the engine serves the weights of `version`; None when it does not answer (the proxies fail over)."""
     try:
         async with EngineControl(endpoint, timeout_s=10.0) as engine:
-            return await engine.weight_version() == str(version)
+            return await weights.served(engine, model_name) == weights.label(version)
     except EngineError as err:
         log.log(level, "engine %s: its weight version could not be read (%s)", endpoint, err)
         return None
@@ -124,7 +159,7 @@ async def _serves(endpoint: str, version: int, level: int = logging.WARNING) -> 
 async def catch_up(
     ledger: LedgerClient,
     model_name: str,
-    weights_dir: Path,
+    weights: Weights | Path,
     version: int,
     endpoints: Sequence[model_pb2.ModelEndpoint],
     *,
@@ -136,27 +171,31 @@ async def catch_up(
     version it had: before a step's rollouts, each engine's own label is read and one that disagrees (or one
     registered at another version, as a re-registered engine is) gets the current weights again, so no rollout of
     the step samples from stale weights. Nothing is pushed before the first update (no file yet)."""
-    if version <= 0 or not any(weights_dir.glob("*.safetensors")):
+    weights = weights if isinstance(weights, Weights) else Weights(weights)
+    if version <= 0 or not weights.written(version):
         return []
-    labels = await asyncio.gather(*(_serves(e.endpoint, version, unreadable_level) for e in endpoints))
+    label = weights.label(version)
+    labels = await asyncio.gather(
+        *(_serves(e.endpoint, model_name, weights, version, unreadable_level) for e in endpoints)
+    )
     behind = [e for e, serves in zip(endpoints, labels, strict=True) if serves is False]
     # Serving the current weights but registered otherwise (registered again by hand): the record only.
     relabel = [
         e
         for e, serves in zip(endpoints, labels, strict=True)
-        if serves and (e.version != version or e.weight_label != str(version))
+        if serves and (e.version != version or e.weight_label != label)
     ]
     if relabel:
-        await ledger.register_models([pushed(model_name, e.endpoint, version) for e in relabel])
+        await ledger.register_models([pushed(model_name, e.endpoint, version, label) for e in relabel])
     if behind:
         names = ", ".join(e.endpoint for e in behind)
         log.warning("engine(s) %s do not serve weights v%d (restarted?): pushing them again", names, version)
-        await push_weights(ledger, model_name, weights_dir, version, endpoints=behind)
+        await push_weights(ledger, model_name, weights, version, endpoints=behind)
     return [e.endpoint for e in behind]
 
 
 async def while_catching_up(
-    work: Awaitable[T], ledger: LedgerClient, model_name: str, weights_dir: Path, version: int, interval_s: float
+    work: Awaitable[T], ledger: LedgerClient, model_name: str, weights: Weights | Path, version: int, interval_s: float
 ) -> tuple[T, list[str]]:
     """`work` (a step's rollouts), and meanwhile every `interval_s` a catch-up of the model's engines; returns what
     `work` returned and the engines caught up.
@@ -172,7 +211,7 @@ async def while_catching_up(
             try:
                 endpoints = await ledger.list_models(model_name)
                 caught.extend(
-                    await catch_up(ledger, model_name, weights_dir, version, endpoints, unreadable_level=logging.DEBUG)
+                    await catch_up(ledger, model_name, weights, version, endpoints, unreadable_level=logging.DEBUG)
                 )
             except Exception as err:  # EnginePushError, the ledger away: the next round tries again
                 log.warning("catching up the engines during the step failed (%s); again in %.1fs", err, interval_s)

@@ -50,7 +50,7 @@ from .config import TrainerSettings
 from .correction import apply_rollout_correction
 from .datasets import TaskLoader
 from .drain import DrainResult, HttpProxyDrainer, ProxyDrainer
-from .engine_push import catch_up, push_weights, registered_endpoints, while_catching_up
+from .engine_push import Weights, catch_up, push_weights, registered_endpoints, while_catching_up
 from .guardrails import Guardrails, HealthStop, all_failed_line
 from .hooks import load_hooks
 from .infra_policy import select
@@ -217,7 +217,7 @@ class AglPPOTrainer(RayPPOTrainer):
             endpoints = self.loop.run(registered_endpoints(self.ledger, self.agl.model_name))
             # One restarted since the last push serves its base model: it gets the current weights first.
             caught_up = self.loop.run(
-                catch_up(self.ledger, self.agl.model_name, Path(self.agl.weights_dir), self.weights_version, endpoints)
+                catch_up(self.ledger, self.agl.model_name, self._weights(), self.weights_version, endpoints)
             )
             self._caught_up = len(caught_up)
             return
@@ -226,14 +226,16 @@ class AglPPOTrainer(RayPPOTrainer):
         # records it for external engines: captured calls carry the same model_version in both placements.
         self.loop.run(self.manager.replace_endpoints(self.agl.model_name, self._endpoints(), self.weights_version))
 
+    def _weights(self) -> Weights:
+        return Weights(Path(self.agl.weights_dir), adapter=self.agl.adapter_push)
+
     def _during_rollouts(self, work: Any) -> Any:
         """Runs the rollouts' coroutine on the loop; external engines that restart meanwhile are caught up."""
         if not self.agl.external_engines or self.agl.engine_check_s <= 0:
             return self.loop.run(work)
         result, caught = self.loop.run(
             while_catching_up(
-                work, self.ledger, self.agl.model_name, Path(self.agl.weights_dir), self.weights_version,
-                self.agl.engine_check_s,
+                work, self.ledger, self.agl.model_name, self._weights(), self.weights_version, self.agl.engine_check_s,
             )
         )  # fmt: skip
         self._caught_up += len(caught)
@@ -252,9 +254,7 @@ class AglPPOTrainer(RayPPOTrainer):
         for part in written if isinstance(written, list) else [written]:
             if isinstance(part, dict):
                 metrics.update(part)
-        pushed = self.loop.run(
-            push_weights(self.ledger, self.agl.model_name, Path(self.agl.weights_dir), self.global_steps)
-        )
+        pushed = self.loop.run(push_weights(self.ledger, self.agl.model_name, self._weights(), self.global_steps))
         metrics["agl/push/engines"] = float(len(pushed.endpoints))
         metrics["agl/push/deferred_engines"] = float(len(pushed.deferred))
         metrics["agl/push/reload_s"] = pushed.slowest_s

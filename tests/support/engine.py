@@ -244,6 +244,24 @@ def reference_logprobs(
     missing, unexpected = model.load_state_dict(load_file(str(Path(weights_dir) / "model.safetensors")), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     model.tie_weights()
+    return _logprobs_of(model, prompt_ids, response_ids)
+
+
+def adapter_reference_logprobs(
+    model_dir: Path, adapter_dir: Path, prompt_ids: Sequence[int], response_ids: Sequence[int]
+) -> list[float]:
+    """transformers' fp32 log-probs of response_ids after prompt_ids, model_dir's model with the PEFT adapter."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    return _logprobs_of(PeftModel.from_pretrained(base, str(adapter_dir)), prompt_ids, response_ids)
+
+
+def _logprobs_of(model: Any, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
+    import torch
+
     model.eval()
     ids = torch.tensor([[*prompt_ids, *response_ids]])
     with torch.no_grad():

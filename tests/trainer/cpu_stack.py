@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +22,7 @@ from tests.support.engine import Engine
 KEY = "cpu-training-key"
 MODEL = "agl-policy"
 AGENT = "tests.trainer.agents:ParityAgent"
+TRAINER = Path(sys.executable).with_name("agl-trainer")
 
 
 @dataclass
@@ -139,6 +142,31 @@ def load_weights(directory: Path) -> dict[str, Any]:
     for file in files:
         tensors.update(load_file(str(file)))
     return tensors
+
+
+def run_trainer(
+    stack: Stack,
+    engine: Engine,
+    run_id: str,
+    tasks: Path,
+    *,
+    steps: int,
+    lr: float,
+    model: str = MODEL,
+    extra: Sequence[str] = (),
+) -> TrainerRun:
+    """The installed `agl-trainer`, as a user starts it, for a small run under stack.root/run_id; `extra`: more
+    overrides."""
+    out = stack.root / run_id
+    out.mkdir()
+    # Each run starts from the weights its trainer loads: an earlier run's pushes would otherwise still be served
+    # (after the 3-step run learned parity, the zero-lr run's groups often all scored 1 and had nothing to learn).
+    engine.restore_base_weights()
+    argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}"]
+    argv += [*trainer_overrides(engine, run_id, tasks, out, steps=steps, lr=lr, model=model), *extra]
+    env = local_stack.child_environment({"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")})
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
+    return TrainerRun.read(proc.returncode, proc.stdout + proc.stderr, out)
 
 
 def max_weight_change(before: Path, after: Path) -> float:

@@ -10,7 +10,6 @@ import asyncio
 import collections
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,38 +23,23 @@ from tests.trainer import cpu_stack
 from tests.trainer.cpu_stack import (
     KEY,
     MODEL,
+    TRAINER,
     Stack,
     TrainerRun,
     endpoint_version,
     max_weight_change,
+    run_trainer,
     trainer_overrides,
     write_tasks,
 )
 
 pytestmark = pytest.mark.trainer
 
-TRAINER = Path(sys.executable).with_name("agl-trainer")
-
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, cpu_engine: Engine) -> Iterator[Stack]:
     with cpu_stack.start(tmp_path_factory.mktemp("cpu-training"), cpu_engine) as started:
         yield started
-
-
-def run_trainer(
-    stack: Stack, engine: Engine, run_id: str, tasks: Path, *, steps: int, lr: float, model: str = MODEL
-) -> TrainerRun:
-    out = stack.root / run_id
-    out.mkdir()
-    # Each run starts from the weights its trainer loads: an earlier run's pushes would otherwise still be served
-    # (after the 3-step run learned parity, the zero-lr run's groups often all scored 1 and had nothing to learn).
-    engine.restore_base_weights()
-    argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}"]
-    argv += trainer_overrides(engine, run_id, tasks, out, steps=steps, lr=lr, model=model)
-    env = local_stack.child_environment({"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")})
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
-    return TrainerRun.read(proc.returncode, proc.stdout + proc.stderr, out)
 
 
 async def remaining_by_step(stack: Stack, run_id: str) -> dict[str, int]:
