@@ -17,7 +17,7 @@ RUN groupadd --system --gid 10001 agl \
 RUN pip install "openai>=1.60,<4" "httpx>=0.28,<1" "anthropic>=2.10,<3"
 
 COPY examples /app/examples
-COPY services/controller/agent_runner.py /app/agent_runner.py
+COPY services/controller/core/agent_runner.py /app/agent_runner.py
 USER 10001:10001
 WORKDIR /app
 CMD ["python", "/app/examples/calc_agent/agent.py"]

@@ -12,14 +12,14 @@ from pathlib import Path
 
 from services.client import LedgerClient
 
-from . import agent_sandbox
 from .config import ControllerConfig, load_config
-from .controller import Controller
-from .metrics import ControllerMetrics
-from .probes import start_probe_server
-from .readiness import Readiness, follow_ledger, key_refused_at_start, probe_client
-from .runner import Runner
-from .sandbox import Policy
+from .core.controller import Controller
+from .core.metrics import ControllerMetrics
+from .core.probes import start_probe_server
+from .core.readiness import Readiness, follow_ledger, key_refused_at_start, probe_client
+from .core.runner import Runner
+from .local import agent_sandbox
+from .local.sandbox import Policy
 
 log = logging.getLogger("services.controller")
 
@@ -47,10 +47,10 @@ def agent_policy(config: ControllerConfig) -> Policy | None:
 
 def build_runner(config: ControllerConfig, metrics: ControllerMetrics, sandbox: Policy | None = None) -> Runner:
     if config.runner == "k8s":
-        from .k8s_api import KubeJobs, load_api_client
-        from .k8s_runner import K8sRunner
-        from .rate_limit import TokenBucket
-        from .template_lanes import TemplateRenderer
+        from .k8s.k8s_api import KubeJobs, load_api_client
+        from .k8s.k8s_runner import K8sRunner
+        from .k8s.rate_limit import TokenBucket
+        from .k8s.template_lanes import TemplateRenderer
 
         rate = config.max_jobs_per_minute / 60.0
         return K8sRunner(
@@ -70,7 +70,7 @@ def build_runner(config: ControllerConfig, metrics: ControllerMetrics, sandbox: 
                 max_output_bytes=config.template_max_bytes,
             ),
         )
-    from .local_runner import LocalRunner
+    from .local.local_runner import LocalRunner
 
     return LocalRunner(
         agent_url=config.agent_url,

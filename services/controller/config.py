@@ -5,7 +5,7 @@ The flags, their variables, defaults and what each value must be are declared on
 Kubernetes runner: --kubeconfig, --namespace, --max-jobs-per-minute, --job-*, --reconcile-interval, --template-*.
 
 Local agents inherit the controller's environment minus every AGL_* variable (with the CA variables chosen by
---agent-ca, see agent_ca.py), plus §3 and env_map.
+--agent-ca, see local/agent_ca.py), plus §3 and env_map.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 from services import settings as st
 
-from .agent_ca import MODES as AGENT_CA_MODES
-from .agent_ca import SYSTEM_DIR, agent_ca_env
-from .agent_sandbox import AUTO, parse_agent_user
-from .agent_sandbox import MODES as SANDBOX_MODES
+from .local.agent_ca import MODES as AGENT_CA_MODES
+from .local.agent_ca import SYSTEM_DIR, agent_ca_env
+from .local.agent_sandbox import AUTO, parse_agent_user
+from .local.agent_sandbox import MODES as SANDBOX_MODES
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class ControllerConfig:
     agent_base_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     python: str = sys.executable
     key_file: str = ""
-    # Local agents' containment (agent_sandbox.py): auto, on or off; the (uid, gid) they run as; more hidden paths.
+    # Local agents' containment (local/agent_sandbox.py): auto, on or off; the (uid, gid) they run as; paths hidden.
     agent_sandbox: str = AUTO
     agent_user: tuple[int, int] | None = None
     agent_hide: tuple[str, ...] = ()

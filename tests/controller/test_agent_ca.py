@@ -1,4 +1,4 @@
-"""The CA variables local agents get (services/controller/agent_ca.py): a system CA bundle becomes its hashed
+"""The CA variables local agents get (services/controller/local/agent_ca.py): a system CA bundle becomes its hashed
 directory (TLS contexts are then cheap), a user's own bundle is kept, `inherit` changes nothing."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from services._gen.agl.v1 import rollout_pb2
 from services.client import LedgerClient
-from services.controller.agent_ca import INHERIT, SYSTEM_DIR, agent_ca_env
 from services.controller.config import load_config
+from services.controller.local.agent_ca import INHERIT, SYSTEM_DIR, agent_ca_env
 from tests.controller.conftest import Stack, run_controller, spec, wait_for
 
 

@@ -16,7 +16,7 @@ from .conftest import KEY, Stack, run_controller, spec, wait_for
 
 FAILED = rollout_pb2.ROLLOUT_STATE_FAILED
 NASTY = "\x1b]0;pwned\x07\x1b[2J\x9b31m"
-FORGED = "2026-12-02 04:00:00,000 INFO services.controller.controller rollout x: succeeded"
+FORGED = "2026-12-02 04:00:00,000 INFO services.controller.core.controller rollout x: succeeded"
 
 # Posts a reward whose message holds escapes and a forged line, prints the same, then fails with a last line of it.
 AGENT = f"""

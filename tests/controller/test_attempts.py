@@ -13,7 +13,7 @@ import httpx
 
 from services._gen.agl.v1 import rollout_pb2
 from services.client import LedgerClient
-from services.controller.job_template import job_name
+from services.controller.k8s.job_template import job_name
 from tests.controller.conftest import (
     Stack,
     agent_command,

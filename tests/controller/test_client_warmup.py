@@ -1,4 +1,4 @@
-"""The launcher's warm-up of the agent's HTTP client libraries (services/controller/client_warmup.py).
+"""The launcher's warm-up of the agent's HTTP client libraries (services/controller/local/client_warmup.py).
 
 Each case runs in a fresh interpreter: what is warmed depends on what that process imported."""
 
@@ -15,7 +15,7 @@ import json, os, sys, threading
 for name in sys.argv[1].split(","):
     if name:
         __import__(name)
-from services.controller.client_warmup import warm_http_clients
+from services.controller.local.client_warmup import warm_http_clients
 warmed = warm_http_clients(timeout_s=3.0)
 try:
     leftover = os.waitpid(-1, os.WNOHANG)

@@ -22,7 +22,7 @@ import pytest
 
 from services._gen.agl.v1 import rollout_pb2
 from services.client import LedgerClient
-from services.controller import agent_sandbox
+from services.controller.local import agent_sandbox
 from tests.controller.conftest import AGENTS, KEY, Stack, pid_alive, run_controller, spec, wait_for
 
 FAILED = rollout_pb2.ROLLOUT_STATE_FAILED

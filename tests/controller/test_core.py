@@ -10,12 +10,9 @@ from pathlib import Path
 import pytest
 
 from services.client import agent_token
-from services.controller.agent_env import NO_KEY, agent_env, parse_input, resolve_env_map
 from services.controller.config import load_config
-from services.controller.job_status import describe_pods, job_outcome, with_detail
-from services.controller.launch_target import RUNNER_MODULE, local_argv, split_agent_class
-from services.controller.local_runner import file_stem, last_line
-from services.controller.outcome import (
+from services.controller.core.agent_env import NO_KEY, agent_env, parse_input, resolve_env_map
+from services.controller.core.outcome import (
     EXIT_CODE,
     JOB_FAILED,
     SIGNAL,
@@ -24,7 +21,10 @@ from services.controller.outcome import (
     exit_outcome,
     timed_out,
 )
-from services.controller.rate_limit import TokenBucket
+from services.controller.k8s.job_status import describe_pods, job_outcome, with_detail
+from services.controller.k8s.rate_limit import TokenBucket
+from services.controller.local.launch_target import RUNNER_MODULE, local_argv, split_agent_class
+from services.controller.local.local_runner import file_stem, last_line
 
 
 def test_agent_env_follows_the_contract() -> None:
@@ -220,8 +220,8 @@ def test_agent_runner_alone_writes_a_returned_reward_in_place(tmp_path: Path) ->
     import shutil
     import subprocess
 
-    from services.controller import agent_runner
-    from services.controller.job_status import returned_in_pods
+    from services.controller.core import agent_runner
+    from services.controller.k8s.job_status import returned_in_pods
 
     runner = Path(shutil.copy(agent_runner.__file__, tmp_path / "agent_runner.py"))
     (tmp_path / "returning_agent.py").write_text("class Agent:\n    def run(self):\n        return 3\n")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.controller.agent_env import resolve_env_map
-from services.controller.outcome import ConfigError
+from services.controller.core.agent_env import resolve_env_map
+from services.controller.core.outcome import ConfigError
 
 CONTEXT = {"input": {"question": "q?", "n": 3}, "rollout_id": "ro-1", "attempt_id": "at-1", "is_train": True}
 

@@ -7,8 +7,8 @@ import re
 import pytest
 import yaml
 
-from services.controller.job_template import job_name, label_value, render_job, yaml_escape
-from services.controller.outcome import ConfigError
+from services.controller.core.outcome import ConfigError
+from services.controller.k8s.job_template import job_name, label_value, render_job, yaml_escape
 
 # The shape of Agent Lightning's upstream example: the input reaches the container through yaml_escape.
 UPSTREAM_TEMPLATE = """\

@@ -13,8 +13,8 @@ import yaml
 
 from services._gen.agl.v1 import event_pb2, rollout_pb2
 from services.client import LedgerClient, agent_token
-from services.controller.job_template import job_name
-from services.controller.k8s_api import KubeError, KubeJobs, load_api_client
+from services.controller.k8s.job_template import job_name
+from services.controller.k8s.k8s_api import KubeError, KubeJobs, load_api_client
 from tests.controller.conftest import KEY, RBAC, Controller, Stack, run_controller, spec, wait_for
 from tests.controller.k8s_standin import K8sStandin
 

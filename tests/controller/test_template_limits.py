@@ -10,8 +10,8 @@ import pytest
 
 from services._gen.agl.v1 import rollout_pb2
 from services.client import LedgerClient
-from services.controller.job_template import render_text
-from services.controller.outcome import ConfigError
+from services.controller.core.outcome import ConfigError
+from services.controller.k8s.job_template import render_text
 from tests.controller.conftest import Stack, read_metrics, wait_for
 from tests.controller.k8s_standin import K8sStandin
 from tests.controller.test_k8s import NS, TEMPLATE, job_spec, k8s_controller, wait_job

@@ -238,7 +238,7 @@ async def test_modules_reading_the_environment_at_import_need_a_fresh_interprete
     assert seen[warm.rollout_id]["at_import"] == ""  # imported once, in the launcher, before any rollout
     assert seen[warm.rollout_id]["now"].endswith(f"/{done[warm.rollout_id].status.attempt_id}/events")
     assert seen[fresh.rollout_id]["at_import"] == seen[fresh.rollout_id]["now"] != ""
-    # Both see the arguments `python -m services.controller.agent_runner SPEC` would give, nothing of ours.
+    # Both see the arguments `python -m services.controller.core.agent_runner SPEC` would give, nothing of ours.
     assert seen[warm.rollout_id]["argv"] == seen[fresh.rollout_id]["argv"] == [f"{WARM}:ImportEnvAgent"]
 
 

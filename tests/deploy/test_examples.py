@@ -11,7 +11,7 @@ import yaml
 
 from examples.calc_agent import agent as calc_agent
 from examples.math_agent import agent as math_agent
-from services.controller.job_template import render_job
+from services.controller.k8s.job_template import render_job
 from services.standin import model as standin_model
 from tests.deploy.k8s_schema import validate
 

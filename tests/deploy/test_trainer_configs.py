@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.controller.agent_env import parse_input, resolve_env_map
+from services.controller.core.agent_env import parse_input, resolve_env_map
 from tests.deploy.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.trainer

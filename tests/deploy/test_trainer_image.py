@@ -148,7 +148,7 @@ def test_the_image_has_what_the_gpu_smoke_and_a_compiled_kernel_need(podman: Pod
     found = _python_in_image(
         podman,
         "import importlib.util as u, json, shutil;"
-        "import services.ledger.server, services.proxy.app, services.controller.controller;"
+        "import services.ledger.server, services.proxy.app, services.controller.core.controller;"
         "print(json.dumps({'reflection': u.find_spec('grpc_reflection') is not None, 'cc': shutil.which('gcc')}))",
     )
     assert found["reflection"], found

@@ -16,14 +16,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from services.controller.agent_env import ConfigError, resolve_env_map
+from services.controller.core.agent_env import ConfigError, resolve_env_map
 
 from ..errors import USAGE, CliError
 
 # An agent class is loaded exactly as the controller's runner loads it.
 _AGENT_PROBE = """
 import sys
-from services.controller.agent_runner import load_class
+from services.controller.core.agent_runner import load_class
 try:
     target = load_class(sys.argv[1])
 except Exception as err:

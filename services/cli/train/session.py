@@ -382,7 +382,7 @@ async def mark_run(stack: Stack, run_id: str, message: str) -> bool:
 
 
 def agent_log(stack: Stack, rollout_id: str) -> Path:
-    from services.controller.local_runner import file_stem
+    from services.controller.local.local_runner import file_stem
 
     return stack.agent_logs / f"{file_stem(rollout_id)}.log"
 

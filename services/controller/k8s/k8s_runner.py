@@ -19,7 +19,9 @@ from typing import Any
 
 from services._gen.agl.v1 import rollout_pb2
 
-from .agent_env import agent_env
+from ..core.agent_env import agent_env
+from ..core.outcome import JOB_FAILED, JOB_REJECTED, SPAWN_ERROR, VANISHED, ConfigError, Outcome
+from ..core.runner import LaunchPlan, template_context, timeout_of
 from .job_status import as_lost, describe_pods, job_outcome, lost_pod, returned_in_pods, vanished, with_detail
 from .job_template import (
     ATTEMPT_ANNOTATION,
@@ -29,9 +31,7 @@ from .job_template import (
     job_name,
 )
 from .k8s_api import KubeError, KubeJobs, ResourceExpired
-from .outcome import JOB_FAILED, JOB_REJECTED, SPAWN_ERROR, VANISHED, ConfigError, Outcome
 from .rate_limit import TokenBucket
-from .runner import LaunchPlan, template_context, timeout_of
 from .template_lanes import TemplateRenderer
 
 # The launch mode of agl_controller_launched_total for an attempt run as a Kubernetes Job.

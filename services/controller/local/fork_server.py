@@ -1,4 +1,4 @@
-"""The warm launcher: `python -m services.controller.fork_server --module M ...`, one process per agent module.
+"""The warm launcher: `python -m services.controller.local.fork_server --module M ...`, one process per agent module.
 
 It imports the agent's module (and its heavy dependencies) once, then forks one child per rollout on the
 controller's request. Guarantees kept for every child:
@@ -24,6 +24,9 @@ Wire protocol: one JSON object per line over the control socket (fd --control-fd
 `{"ev": "exited", "id", "code"}` (negative: the signal). The child tells the controller that the agent's code
 runs with one datagram on --notify-fd.
 End of file on the control socket: the launcher kills its children's groups and exits.
+
+One module past 400 lines: the guarantees above hold across the launcher's loop and the child's set-up, both of
+one ForkServer's state (its children, its control socket), and are checked in one place.
 """
 
 from __future__ import annotations
@@ -44,12 +47,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import agent_runner, sandbox
+from ..core import agent_runner
+from ..core.agent_runner import notify_running, run_agent_in_child
+from . import sandbox
 from .agent_code import learned_modules, local_files
-from .agent_runner import notify_running, run_agent_in_child
 from .client_warmup import warm_http_clients
 
-log = logging.getLogger("services.controller.fork_server")
+log = logging.getLogger("services.controller.local.fork_server")
 
 _PR_SET_PDEATHSIG = 1
 # A line written to a pipe in one write() of at most PIPE_BUF bytes is never interleaved with another's.
@@ -411,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--module", required=True, help="the agent's module, imported once")
     parser.add_argument("--preload", default="", help="more modules to import once, comma-separated")
     parser.add_argument("--no-learn", action="store_true", help="do not preload modules agents import lazily")
-    parser.add_argument("--sandbox", action="store_true", help="contain every child (services.controller.sandbox)")
+    parser.add_argument(
+        "--sandbox", action="store_true", help="contain every child (services.controller.local.sandbox)"
+    )
     parser.add_argument("--sandbox-hide", action="append", default=[], help="a path hidden from the children")
     parser.add_argument("--sandbox-uid", type=int, default=None, help="the uid the children run as")
     parser.add_argument("--sandbox-gid", type=int, default=None, help="the gid the children run as")

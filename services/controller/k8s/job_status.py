@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from .outcome import EVICTED, JOB_FAILED, VANISHED, Outcome, parse_returned, timed_out
+from ..core.outcome import EVICTED, JOB_FAILED, VANISHED, Outcome, parse_returned, timed_out
 
 _MAX_DETAIL = 1500
 

@@ -1,7 +1,7 @@
 """One Job-template render worker process, and the controller's handle on it (template_lanes.py pools them).
 
 A rollout's Jinja2 template is user input: even in the sandbox it can loop for minutes or allocate gigabytes. A
-worker (`python -m services.controller.template_worker MEMORY_BYTES NICE`) renders away from the controller's event
+worker (`python -m services.controller.k8s.template_worker MEMORY_BYTES NICE`) renders away from the controller's event
 loop, with its address space capped (RLIMIT_AS). Each render has a deadline the worker keeps itself (SIGALRM
 interrupts the Jinja2 and YAML code, both pure Python), so a render that runs over it costs no restart; the
 controller kills the worker only when no answer comes a moment after the deadline (a stall inside one C call).
@@ -28,10 +28,13 @@ import signal
 import sys
 from typing import Any
 
+from ..core.outcome import ConfigError
 from .job_template import render_job
-from .outcome import ConfigError
 
 log = logging.getLogger(__name__)
+
+# What the controller runs as a worker: this file (its main() below).
+WORKER_MODULE = "services.controller.k8s.template_worker"
 
 # After a render's deadline, how long the worker has to answer "overtime" before it is killed.
 _KILL_GRACE_S = 1.0
@@ -97,7 +100,7 @@ class TemplateWorker:
     async def _started(self) -> asyncio.subprocess.Process:
         if self._proc is not None and self._proc.returncode is None:
             return self._proc
-        argv = [sys.executable, "-m", "services.controller.template_worker", str(self._memory_bytes), str(self._nice)]
+        argv = [sys.executable, "-m", WORKER_MODULE, str(self._memory_bytes), str(self._nice)]
         self._proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE,

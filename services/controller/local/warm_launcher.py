@@ -1,4 +1,4 @@
-"""The controller's side of one warm launcher process (services.controller.fork_server).
+"""The controller's side of one warm launcher process (services.controller.local.fork_server).
 
 The controller never forks itself: it starts the launcher with exec, talks to it over a socketpair (JSON
 lines) and learns from it when each child started and how it exited. A launch is sent at most once; an
@@ -111,7 +111,7 @@ class WarmLauncher:
         settings = self._settings
         settings.log_dir.mkdir(parents=True, exist_ok=True)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        argv = [settings.python, "-m", "services.controller.fork_server", "--module", self.module]
+        argv = [settings.python, "-m", "services.controller.local.fork_server", "--module", self.module]
         argv += ["--control-fd", str(theirs.fileno()), "--notify-fd", str(settings.notify_fd)]
         if settings.preload:
             argv += ["--preload", ",".join(settings.preload)]

@@ -1,4 +1,4 @@
-"""Runs an agent class: `python -m services.controller.agent_runner [--notify-fd N --launch-id ID]
+"""Runs an agent class: `python -m services.controller.core.agent_runner [--notify-fd N --launch-id ID]
 [--result-file P | --result-fd N] module:Class`.
 
 Imports the module, instantiates the class without arguments and calls its run(); a coroutine result is
@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             result_path = value
     if len(args) != 1:
-        usage = "usage: python -m services.controller.agent_runner [--notify-fd N --launch-id ID] [--result-file P] "
-        sys.stderr.write(usage + "module:Class\n")
+        usage = "usage: python -m services.controller.core.agent_runner [--notify-fd N --launch-id ID] "
+        sys.stderr.write(usage + "[--result-file P] module:Class\n")
         return LOAD_FAILED
     sys.argv = [sys.argv[0], args[0]]  # what the agent sees: the launch options are ours
     return run_agent(args[0], lambda: notify_running(notify_fd, launch_id), result_path)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .outcome import ConfigError
+from ..core.outcome import ConfigError
 from .template_worker import TemplateWorker
 
 # Niceness of the slow lane's workers: the fast lane's renders get the CPU first.

@@ -28,6 +28,8 @@ relay dies (SIGKILL to its group), the init gets SIGKILL from the kernel, and th
 A controller that is not root creates a user namespace first (its own uid and gid mapped, nothing more), which
 Linux allows when unprivileged user namespaces are enabled. Standard library only: a fresh launch runs this file
 with `-I -S` before the agent's interpreter or command starts.
+
+One module past 400 lines for the same reason: run as a file, it can import no sibling module.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import jinja2
 import yaml
 from jinja2.sandbox import SandboxedEnvironment
 
-from .outcome import ConfigError
+from ..core.outcome import ConfigError
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "agl-controller"

@@ -15,8 +15,8 @@ import logging
 import time
 from dataclasses import dataclass, replace
 
+from ..core.metrics import ControllerMetrics
 from .agent_code import changed
-from .metrics import ControllerMetrics
 from .warm_launcher import LauncherSettings, LauncherUnavailable, WarmLauncher
 
 log = logging.getLogger(__name__)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from .outcome import ConfigError
+from ..core.outcome import ConfigError
 
-RUNNER_MODULE = "services.controller.agent_runner"
+RUNNER_MODULE = "services.controller.core.agent_runner"
 _DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 _CLASS_RE = re.compile(rf"(?P<module>{_DOTTED})(?::(?P<attr>{_DOTTED}))?")
 
