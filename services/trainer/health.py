@@ -4,7 +4,9 @@ Pure, and cheap (one pass over the traces, one over the rows). Every metric is p
 so a curve never has holes and a limit (services/trainer/guardrails.py) can be checked on each. Values are shares
 in [0, 1] unless said otherwise; `{p}` is `agl/health` for training steps, `val/agl/health` for validation.
 
-- `{p}/rollouts_without_calls`: consumed rollouts with no successful model call (a wrong base URL, a crash first)
+- `{p}/rollouts_without_calls`: consumed rollouts with no successful model call (a wrong base URL, a crash first),
+  of those that did not fail for an infrastructure reason (an agent whose engine was away for longer than it
+  waits says nothing about the agent: that is `infra_failed_rollouts` and `engine_unavailable_calls`)
 - `{p}/succeeded_without_reward`: succeeded rollouts that posted no reward (they train on the fill value)
 - `{p}/reward_before_last_call`: rollouts with a reward whose reward came before their last model call
 - `{p}/failed_calls`: model calls that ended in an error (an HTTP status, the transport), other than
@@ -136,7 +138,8 @@ def trace_health(traces: Sequence[RolloutTrace], infra_reasons: Iterable[str]) -
     succeeded = rewarded = calls = ok_calls = failed_calls = unavailable = truncated = tool_written = bad_tools = 0
     for trace in traces:
         rid = trace.rollout_id
-        if not trace.calls:
+        infra_failure = not trace.succeeded and trace.failure_reason in infra
+        if not trace.calls and not infra_failure:
             no_calls.append(rid)
         if trace.succeeded:
             succeeded += 1
@@ -174,7 +177,7 @@ def trace_health(traces: Sequence[RolloutTrace], infra_reasons: Iterable[str]) -
     n = len(traces)
     return StepHealth(
         shares={
-            ROLLOUTS_WITHOUT_CALLS: Share(len(no_calls), n, no_calls),
+            ROLLOUTS_WITHOUT_CALLS: Share(len(no_calls), n - len(infra_failed), no_calls),
             SUCCEEDED_WITHOUT_REWARD: Share(len(no_reward), succeeded, no_reward),
             REWARD_BEFORE_LAST_CALL: Share(len(early_reward), rewarded, early_reward),
             FAILED_CALLS: Share(failed_calls, calls, failed_call_ids),
