@@ -241,6 +241,15 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
             raise ConfigError(
                 f"agl.engines.weights_dir={weights_dir!r}: set an absolute directory the engines can read"
             )
+    model_cfg = _get(cfg, "actor_rollout_ref.model", {}) or {}
+    if not external and trains_adapter(model_cfg):
+        # verl's replicas load the adapter for verl's own agent loop; the agents' HTTP calls name the model, which
+        # those replicas serve as the base: every rollout would sample from the base model, silently.
+        raise ConfigError(
+            "actor_rollout_ref.model.lora_rank > 0 trains an adapter that AGL pushes to external engines "
+            "(agl.engines.external=true, as placement=cpu sets); with verl's own replicas set "
+            "actor_rollout_ref.model.lora.merge=true (the merged weights are pushed) or train without LoRA"
+        )
     nodes = int(_get(cfg, "trainer.nnodes", 1))
     gpus = int(_get(cfg, "trainer.n_gpus_per_node", 1))
     data_path = DataPathSettings(
@@ -270,7 +279,7 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         val_max_samples=int(agl.get("val_max_samples", 0) or 0),
         external_engines=external,
         weights_dir=weights_dir,
-        adapter_push=external and trains_adapter(_get(cfg, "actor_rollout_ref.model", {}) or {}),
+        adapter_push=external and trains_adapter(model_cfg),
         engine_check_s=float(engine_check_s),
         trajectory_log=str(agl.trajectory_log) if agl.get("trajectory_log") else None,
         infra=infra,

@@ -104,6 +104,9 @@ def test_config_rejects_what_cannot_work() -> None:
         settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.engines.check_seconds=-1"))
     with pytest.raises(ConfigError, match="external engines only"):
         settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.engines.check_seconds=5"))
+    # LoRA: an adapter only external engines are given; verl's replicas would serve the agents the base model.
+    with pytest.raises(ConfigError, match=r"lora\.merge=true"):
+        settings_from_config(_compose("agl.launch.agent_class=a:B", "actor_rollout_ref.model.lora_rank=8"))
 
 
 def test_datasets_load_jsonl_and_parquet_in_memory(tmp_path: Path) -> None:
@@ -127,3 +130,16 @@ def test_datasets_load_jsonl_and_parquet_in_memory(tmp_path: Path) -> None:
     resumed.load_state_dict(loader.state_dict())
     assert loader.state_dict() == {"drawn": 4}
     assert next(resumed.stream()).data_id == next(stream).data_id
+
+
+def test_lora_settings_push_the_adapter_to_external_engines_or_merged_weights() -> None:
+    base = ("agl.launch.agent_class=a:B", "placement=cpu", "actor_rollout_ref.model.lora_rank=8")
+    assert settings_from_config(_compose(*base)).adapter_push
+    assert not settings_from_config(_compose(*base, "actor_rollout_ref.model.lora.merge=true")).adapter_push
+    assert not settings_from_config(_compose("agl.launch.agent_class=a:B", "placement=cpu")).adapter_push
+    merged = (
+        "agl.launch.agent_class=a:B",
+        "actor_rollout_ref.model.lora_rank=8",
+        "actor_rollout_ref.model.lora.merge=true",
+    )
+    assert not settings_from_config(_compose(*merged)).adapter_push

@@ -1,0 +1,152 @@
+"""LoRA on CPU, end to end: `agl-trainer placement=cpu actor_rollout_ref.model.lora_rank=8` trains an adapter only,
+writes it as a PEFT directory per version, and a real CPU vLLM started with `--lora-rank 8` loads each version
+under the run's model name, which the real proxy routes the agents' calls to (issue 32).
+
+The engine serves its base model as `agl-base` and the adapter as `agl-policy` (the trainer's agl.model_name and
+the proxy's model). The stack is the CPU training tests' (tests/trainer/cpu_stack.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from safetensors.torch import load_file
+
+from services.engine.control import adapter_label
+from services.trainer.engine_push import Weights, catch_up
+from tests.support.engine import (
+    Engine,
+    adapter_reference_logprobs,
+    build_model,
+    chat,
+    reference_logprobs,
+    run_engine,
+)
+from tests.trainer import cpu_stack
+from tests.trainer.cpu_stack import MODEL, Stack, run_trainer, write_tasks
+
+pytestmark = [pytest.mark.trainer, pytest.mark.timeout(900)]  # an engine start, then trainer runs
+
+BASE = "agl-base"
+LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16"]
+
+
+@pytest.fixture(scope="module")
+def lora_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    root = tmp_path_factory.mktemp("lora-engine")
+    with run_engine(build_model(root / "model"), model_name=BASE, args=["--lora-rank", "8"], log_dir=root) as engine:
+        chat(engine, "warm up")
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, lora_engine: Engine) -> Iterator[Stack]:
+    with cpu_stack.start(tmp_path_factory.mktemp("lora-training"), lora_engine) as started:
+        yield started
+
+
+def served(engine: Engine, name: str) -> dict | None:
+    cards = httpx.get(f"{engine.openai_url}/models", timeout=30).json()["data"]
+    return next((card for card in cards if card["id"] == name), None)
+
+
+def held_back(stack: Stack) -> dict[str, str]:
+    return httpx.get(f"{stack.proxy_url}/status", timeout=10).json()["held_back"]
+
+
+def logprob_gap(engine: Engine, model: str, expected_of) -> float:
+    """The largest gap between the engine's log-probs for one sampled answer under `model` and `expected_of`'s."""
+    answer = chat(engine, "hello", model=model, temperature=1.0, seed=7)
+    choice = answer["choices"][0]
+    got = [item["logprob"] for item in choice["logprobs"]["content"]]
+    expected = expected_of(answer["prompt_token_ids"], choice["token_ids"])
+    return max(abs(a - b) for a, b in zip(got, expected, strict=True))
+
+
+def test_lora_steps_train_the_adapter_the_engine_serves_and_a_restarted_one_is_caught_up(
+    stack: Stack, lora_engine: Engine, tmp_path: Path
+) -> None:
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["zero", "zero", "parity", "parity", "parity", "parity"])
+    run = run_trainer(stack, lora_engine, "lora3", tasks, steps=3, lr=1e-2, extra=LORA)
+    assert run.returncode == 0, run.output[-5000:]
+    adapter_bytes = (run.weights_dir / "adapter-v3" / "adapter_model.safetensors").stat().st_size
+    base_bytes = (lora_engine.model_dir / "model.safetensors").stat().st_size
+    for n in (2, 3):
+        step = run.step(n)
+        assert "actor/pg_loss" in step and step["agl/push/engines"] == 1.0
+        # The rows were sampled through the adapter the last push loaded: the trainer's log-probs are the engine's.
+        assert step["agl/push/logprob_diff_max"] < 1e-4, step
+        assert step["agl/rollout/succeeded"] == 8.0
+        # Only the adapter travels: its tensors, a small part of the model's.
+        assert step["agl/push/bytes"] < 0.5 * base_bytes
+
+    # Each version a PEFT directory, the last two kept; no full weights written.
+    assert sorted(p.name for p in run.weights_dir.iterdir()) == ["adapter-v2", "adapter-v3"]
+    tensors = load_file(str(run.weights_dir / "adapter-v3" / "adapter_model.safetensors"))
+    assert tensors and all(".lora_A." in name or ".lora_B." in name for name in tensors)
+    # PEFT starts B at zero: the update moved it.
+    assert max(float(t.abs().max()) for name, t in tensors.items() if ".lora_B." in name) > 0.0
+    assert adapter_bytes < 0.5 * base_bytes
+
+    card = served(lora_engine, MODEL)
+    assert card is not None and card["root"] == str(run.weights_dir / "adapter-v3") and card["parent"] == BASE
+    model_dir = lora_engine.model_dir
+    # The base model was not touched; the adapter's model is the base plus adapter v3, as transformers + PEFT say.
+    assert logprob_gap(lora_engine, BASE, lambda p, r: reference_logprobs(model_dir, model_dir, p, r)) < 1e-4
+    v3 = run.weights_dir / "adapter-v3"
+    assert logprob_gap(lora_engine, MODEL, lambda p, r: adapter_reference_logprobs(model_dir, v3, p, r)) < 1e-4
+    assert logprob_gap(lora_engine, BASE, lambda p, r: adapter_reference_logprobs(model_dir, v3, p, r)) > 1e-3
+
+    async def registered():
+        async with stack.client() as client:
+            return await client.list_models(MODEL)
+
+    (endpoint,) = asyncio.run(registered())
+    assert endpoint.version == 3 and endpoint.weight_label == adapter_label(v3)
+
+    # A restarted engine has no adapter: the proxy holds it back until the trainer's catch-up loads it again.
+    response = httpx.post(f"{lora_engine.url}/v1/unload_lora_adapter", json={"lora_name": MODEL}, timeout=30)
+    assert response.status_code == 200, response.text
+    deadline = time.monotonic() + 30
+    while lora_engine.openai_url not in (held := held_back(stack)):
+        assert time.monotonic() < deadline, held
+        time.sleep(0.5)
+    assert "'adapter:none'" in held[lora_engine.openai_url]
+
+    async def caught_up() -> list[str]:
+        async with stack.client() as client:
+            weights = Weights(run.weights_dir, adapter=True)
+            return await catch_up(client, MODEL, weights, 3, await client.list_models(MODEL))
+
+    assert asyncio.run(caught_up()) == [lora_engine.openai_url]
+    assert served(lora_engine, MODEL)["root"] == str(v3)
+    deadline = time.monotonic() + 30
+    while lora_engine.openai_url in (held := held_back(stack)):
+        assert time.monotonic() < deadline, held
+        time.sleep(0.5)
+
+
+def test_an_adapter_over_the_engines_rank_fails_the_run_and_leaves_the_loaded_one(
+    stack: Stack, lora_engine: Engine, tmp_path: Path
+) -> None:
+    before = (served(lora_engine, MODEL) or {}).get("root")
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["parity"] * 2)
+    extra = ["actor_rollout_ref.model.lora_rank=16", "actor_rollout_ref.model.lora_alpha=32"]
+    run = run_trainer(stack, lora_engine, "lora16", tasks, steps=1, lr=1e-3, extra=extra)
+    assert run.returncode != 0
+    assert "LoRA rank 16 is greater than max_lora_rank 8" in run.output, run.output[-3000:]
+    # vLLM checks the adapter before it evicts the loaded one: what was served still is.
+    assert (served(lora_engine, MODEL) or {}).get("root") == before
+
+
+def test_an_engine_without_lora_is_one_clear_error(cpu_engine: Engine, tmp_path: Path) -> None:
+    with cpu_stack.start(tmp_path / "stack", cpu_engine) as plain:
+        tasks = write_tasks(tmp_path / "tasks.jsonl", ["parity"] * 2)
+        run = run_trainer(plain, cpu_engine, "lora-plain", tasks, steps=1, lr=1e-3, extra=LORA)
+    assert run.returncode != 0
+    assert "does not load LoRA adapters at runtime: start it with `--lora-rank R`" in run.output, run.output[-3000:]
