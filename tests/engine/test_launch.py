@@ -93,6 +93,18 @@ def test_no_eager_and_no_key(tmp_path: Path) -> None:
     assert "--enforce-eager" not in launch.argv and "VLLM_API_KEY" not in launch.env
 
 
+def test_lora_rank_enables_runtime_adapters(tmp_path: Path) -> None:
+    python = tmp_path / "python"
+    python.write_text("")
+    base = ["--model-dir", str(model_dir(tmp_path)), "--python", str(python)]
+    launch = build_launch(parse_config([*base, "--lora-rank", "16", "--max-loras", "2"], env={}), {})
+    argv = list(launch.argv)
+    assert argv[argv.index("--max-lora-rank") + 1] == "16" and argv[argv.index("--max-loras") + 1] == "2"
+    assert "--enable-lora" in argv and launch.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    plain = build_launch(parse_config(base, env={}), {})
+    assert "--enable-lora" not in plain.argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain.env
+
+
 def test_missing_engine_venv_says_how_to_make_it(tmp_path: Path) -> None:
     with pytest.raises(LaunchError, match=r"no engine venv at .*: run `make engine-venv`"):
         engine_python(EngineConfig(model_dir="/m"), engine_venv=tmp_path / "absent")
@@ -122,6 +134,8 @@ def test_the_checkouts_engine_venv_is_found() -> None:
         (["--model-dir", "/tmp"], "model dir /tmp has no config.json"),
         (["--model-dir", "{model}", "--python", "/no/python"], "engine python /no/python does not exist"),
         (["--model-dir", "{model}", "--port", "0"], "--port wants a port from 1 to 65535, not '0'"),
+        (["--model-dir", "{model}", "--max-loras", "2"], "--max-loras (AGL_ENGINE_MAX_LORAS) needs --lora-rank"),
+        (["--model-dir", "{model}", "--lora-rank", "-1"], "--lora-rank wants an integer, 0 or more"),
     ],
 )
 def test_cli_errors_are_one_line_and_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
