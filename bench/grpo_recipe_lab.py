@@ -97,7 +97,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-operand", type=int, default=19)
     parser.add_argument("--train-tasks", type=int, default=336)
     parser.add_argument("--val-tasks", type=int, default=64)
-    parser.add_argument("--warm-start-steps", type=int, default=150)
+    parser.add_argument("--warm-start-steps", type=int, default=300, help="the demo's (tools/demo_agents.py)")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--tasks-per-step", type=int, default=16)
     parser.add_argument("--n", type=int, default=4, help="rollouts per task (GRPO group size)")
