@@ -8,8 +8,15 @@ trainer restarted meanwhile would share the run with a ghost.
 
 So, before Ray starts, the driver marks its environment with a token every process of its cluster inherits, and
 starts a watchdog holding one end of a pipe the driver keeps open. When the driver dies the pipe reads EOF and
-the watchdog kills every process that carries the token (the task runner, workers, helpers, anything they
-started), then exits. On a normal exit it finds Ray already stopped, or ends what `ray.shutdown()` left behind.
+the watchdog kills every process of the cluster (the task runner, workers, helpers, anything they started), then
+exits. On a normal exit it finds Ray already stopped, or ends what `ray.shutdown()` left behind.
+
+A process of the cluster is one that carries the token, or a descendant of one. The token alone does not find
+them all: Ray's helpers name themselves with setproctitle (`ray::DashboardAgent`), which writes the title over the
+memory /proc/PID/environ reads, so their token is gone from view (two were found orphaned, tokenless, a minute
+after a kill). Once their raylet is dead they are orphans, no one's descendants either, so the watchdog records
+the cluster every RECORD_S while the driver lives and kills what it recorded too (a pid's start time guards
+against a pid reused since).
 Linux only (it reads /proc); elsewhere nothing is started. Clusters this driver only joins are not its own and are
 never touched.
 """
@@ -17,11 +24,13 @@ never touched.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 TOKEN_VARIABLE = "AGL_TRAINER_FATE_TOKEN"
@@ -33,6 +42,8 @@ QUIET_S = 1.0
 SWEEP_S = 15.0
 WATCHDOG_QUIET_S = 3.0
 WATCHDOG_SWEEP_S = 30.0
+# How often the watchdog records the cluster while the driver lives (a /proc scan: a few ms).
+RECORD_S = 1.0
 # What the watchdog keeps of the driver's environment: enough to import this module, nothing that names the run
 # (so it is not taken for one of the run's processes while it watches).
 WATCHDOG_ENV = ("PATH", "PYTHONPATH", "PYTHONHOME", "HOME", "LANG", "LC_ALL", "TMPDIR")
@@ -56,12 +67,53 @@ def processes_with(token: str, proc: Path = Path("/proc")) -> list[int]:
     return found
 
 
-def kill_all(token: str, quiet_s: float = QUIET_S, sweep_s: float = SWEEP_S) -> int:
-    """SIGKILL to every process carrying the token, until none has been seen for `quiet_s`; how many were killed."""
+def _parents_and_starts(proc: Path) -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, start time in clock ticks) of every process readable now."""
+    table = {}
+    for process in proc.iterdir():
+        if not process.name.isdigit():
+            continue
+        try:
+            fields = (process / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        table[int(process.name)] = (int(fields[1]), int(fields[19]))  # stat fields 4 (ppid) and 22 (starttime)
+    return table
+
+
+def cluster(token: str, proc: Path = Path("/proc")) -> dict[int, int]:
+    """pid -> start time of every process (but this one) carrying the token, and of their descendants."""
+    table = _parents_and_starts(proc)
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    members = set(processes_with(token, proc))
+    frontier = list(members)
+    while frontier:
+        for child in children.get(frontier.pop(), ()):
+            if child not in members:
+                members.add(child)
+                frontier.append(child)
+    members.discard(os.getpid())
+    return {pid: table[pid][1] for pid in members if pid in table}
+
+
+def still_running(recorded: Mapping[int, int], proc: Path = Path("/proc")) -> dict[int, int]:
+    """The recorded processes that still run (the same pid with the same start time)."""
+    table = _parents_and_starts(proc)
+    return {pid: start for pid, start in recorded.items() if pid in table and table[pid][1] == start}
+
+
+def kill_all(
+    token: str, quiet_s: float = QUIET_S, sweep_s: float = SWEEP_S, recorded: Mapping[int, int] | None = None
+) -> int:
+    """SIGKILL to every process of the cluster (the token's, their descendants, and those `recorded` earlier that
+    still run), until none has been seen for `quiet_s`; how many were killed."""
     killed = 0
     started = last_seen = time.monotonic()
     while time.monotonic() - last_seen < quiet_s and time.monotonic() - started < sweep_s:
-        pids = processes_with(token)
+        pids = set(cluster(token)) | set(still_running(recorded or {}))
+        pids.discard(os.getpid())
         if pids:
             last_seen = time.monotonic()
         for pid in pids:
@@ -114,9 +166,14 @@ def watch(token: str, read_fd: int) -> int:
     # Ctrl-C reaches the whole foreground group: the driver stops gracefully first, the watchdog waits for it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    with os.fdopen(read_fd, "rb") as pipe:
-        pipe.read()  # returns at EOF: the driver is gone
-    killed = kill_all(token, WATCHDOG_QUIET_S, WATCHDOG_SWEEP_S)
+    recorded: dict[int, int] = {}
+    while True:
+        readable, _, _ = select.select([read_fd], [], [], RECORD_S)
+        if readable and not os.read(read_fd, 4096):
+            break  # EOF: the driver is gone
+        recorded = {**still_running(recorded), **cluster(token)}
+    os.close(read_fd)
+    killed = kill_all(token, WATCHDOG_QUIET_S, WATCHDOG_SWEEP_S, recorded)
     if killed:
         print(f"agl-trainer: the driver is gone; stopped {killed} process(es) of its Ray cluster", file=sys.stderr)
     return 0

@@ -14,7 +14,8 @@ import pytest
 from services.trainer import fate
 
 # A driver as agl-trainer's: it shares its fate, then starts processes the way Ray does (its head processes, a
-# worker in a session of its own that starts a child of its own), prints their pids and waits.
+# worker in a session of its own that starts a child of its own, a raylet-like helper whose own child shows no
+# token, as Ray's agents do once setproctitle has written over their environment), prints their pids and waits.
 DRIVER = """
 import os, subprocess, sys, time
 from services.trainer.fate import share_fate
@@ -25,7 +26,12 @@ worker = subprocess.Popen(
     [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(600)", *sleeper],
     start_new_session=True,
 )
-print(watchdog.pid, head.pid, worker.pid, flush=True)
+spawn_tokenless = (
+    "import subprocess, sys, time; print(subprocess.Popen(sys.argv[1:], env={}).pid, flush=True); time.sleep(600)"
+)
+helper = subprocess.Popen([sys.executable, "-c", spawn_tokenless, *sleeper], stdout=subprocess.PIPE, text=True)
+agent = int(helper.stdout.readline())
+print(watchdog.pid, head.pid, worker.pid, helper.pid, agent, flush=True)
 if sys.argv[1] == "exit":
     time.sleep(1)
     os._exit(0)
@@ -57,10 +63,10 @@ def _start(how: str) -> tuple[subprocess.Popen[str], list[int]]:
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, how], stdout=subprocess.PIPE, text=True, env=env, cwd=repo)
     assert driver.stdout is not None
     pids = [int(p) for p in driver.stdout.readline().split()]
-    assert len(pids) == 3, pids
+    assert len(pids) == 5, pids
     # The worker's own child is found by the token, not by any parent or group.
     deadline = time.monotonic() + 10
-    while len(fate.processes_with(_token(pids[1]))) < 3 and time.monotonic() < deadline:
+    while len(fate.processes_with(_token(pids[1]))) < 4 and time.monotonic() < deadline:
         time.sleep(0.05)
     return driver, pids
 
@@ -74,16 +80,23 @@ def _token(pid: int) -> str:
 @pytest.mark.parametrize("how", ["kill", "exit"])
 def test_what_the_driver_started_goes_with_it_and_nothing_else(how: str) -> None:
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    driver, (watchdog, head, worker) = _start(how)
+    driver, (watchdog, head, worker, helper, agent) = _start(how)
     token = _token(head)
     started = fate.processes_with(token)
-    assert len(started) == 3 and head in started and worker in started
+    assert len(started) == 4 and {head, worker, helper} <= set(started)
     assert watchdog not in started  # the watchdog carries no token: it outlives its own killing
+    # The tokenless agent is the helper's descendant: one of the cluster all the same.
+    assert agent not in started and agent in fate.cluster(token) and watchdog not in fate.cluster(token)
     try:
         if how == "kill":
+            # Its helper dies first (a raylet killed before the driver): the agent, an orphan now, is no one's
+            # descendant and shows no token; the watchdog recorded it while the driver lived.
+            time.sleep(3 * fate.RECORD_S)
+            os.kill(helper, signal.SIGKILL)
+            assert _wait_gone([helper]) == [] and _alive(agent)
             driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=30)
-        assert _wait_gone([head, worker, *started, watchdog]) == []
+        assert _wait_gone([head, worker, *started, watchdog, agent]) == []
         assert fate.processes_with(token) == []
         assert _alive(bystander.pid)
     finally:
@@ -91,7 +104,7 @@ def test_what_the_driver_started_goes_with_it_and_nothing_else(how: str) -> None
         driver.stdout.close()
         bystander.kill()
         bystander.wait()
-        for pid in started:
+        for pid in [*started, agent]:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
@@ -104,3 +117,16 @@ def test_only_an_exact_token_matches(tmp_path: Path) -> None:
         (proc / pid / "environ").write_bytes(environ)
     (proc / "14").mkdir()  # a process that went away (no environ to read)
     assert fate.processes_with("abc", proc) == [11]
+
+
+def test_a_recorded_process_is_known_by_its_start_time_not_its_pid_alone() -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    started = int(Path(f"/proc/{sleeper.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    try:
+        assert fate.still_running({sleeper.pid: started}) == {sleeper.pid: started}
+        # The same pid with another start time is a reused pid, not the process recorded: never killed for it.
+        assert fate.still_running({sleeper.pid: started - 1}) == {}
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert fate.still_running({sleeper.pid: started}) == {}
