@@ -29,4 +29,4 @@ def _eval(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from .train.export import run_export_command
 
-    return run_export_command(args.run, args.to, args.dtype)
+    return run_export_command(args.run, args.to, args.dtype, args.merge_adapter)

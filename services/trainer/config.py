@@ -7,6 +7,7 @@ module is the only place the trainer's configuration is interpreted; nothing els
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -56,6 +57,8 @@ class TrainerSettings:
     # Engines AGL did not start (registered in the ledger) get the weights by file after each update.
     external_engines: bool = False
     weights_dir: str = ""
+    # The bearer key of the external engines' /v1 routes (vLLM --api-key); None: they want none.
+    engine_api_key: str | None = field(default=None, repr=False)
     # A LoRA run on external engines: the engines load the adapter under model_name (lora.py).
     adapter_push: bool = False
     # How often a step's rollouts pause to catch up a restarted external engine; 0: only before each step.
@@ -223,6 +226,13 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
     external = bool(engines.get("external", False))
     weights_dir = str(engines.get("weights_dir") or "")
     engine_check_s = engines.get("check_seconds", 2.0)
+    engine_api_key = str(engines.get("api_key") or "") or None
+    # The environment's key is the proxies' too (one .env for the stack): only one set for the trainer is refused.
+    if engine_api_key and not external and engine_api_key != os.environ.get("AGL_ENGINE_API_KEY"):
+        raise ConfigError(
+            "agl.engines.api_key applies to external engines only (agl.engines.external=true); verl's own replicas "
+            "take no key"
+        )
     if isinstance(engine_check_s, bool) or not isinstance(engine_check_s, int | float) or engine_check_s < 0:
         raise ConfigError(f"agl.engines.check_seconds={engine_check_s!r}: want a number of seconds >= 0 (0: off)")
     if not external and float(engine_check_s) != 2.0:  # the default is in the YAML: only a change is refused
@@ -279,6 +289,7 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         val_max_samples=int(agl.get("val_max_samples", 0) or 0),
         external_engines=external,
         weights_dir=weights_dir,
+        engine_api_key=engine_api_key,
         adapter_push=external and trains_adapter(model_cfg),
         engine_check_s=float(engine_check_s),
         trajectory_log=str(agl.trajectory_log) if agl.get("trajectory_log") else None,

@@ -59,10 +59,12 @@ async def registered_endpoints(ledger: LedgerClient, model_name: str) -> list[mo
 @dataclass(frozen=True)
 class Weights:
     """What the actor writes for the engines: its full weights (one file in `dir`), or, with `adapter`, a LoRA
-    adapter per version (dir/adapter-v<N>) that the engines load under the model's name."""
+    adapter per version (dir/adapter-v<N>) that the engines load under the model's name; `api_key`: the bearer key
+    of the engines' /v1 routes (vLLM --api-key), which an adapter's load and its version's read go through."""
 
     dir: Path
     adapter: bool = False
+    api_key: str | None = field(default=None, repr=False)
 
     def written(self, version: int) -> bool:
         if self.adapter:
@@ -100,7 +102,7 @@ def pending(model_name: str, endpoint: str, version: int) -> model_pb2.ModelEndp
 
 async def _push_one(endpoint: str, model_name: str, weights: Weights, version: int, timeout_s: float) -> float:
     try:
-        async with EngineControl(endpoint, timeout_s=timeout_s) as engine:
+        async with EngineControl(endpoint, api_key=weights.api_key, timeout_s=timeout_s) as engine:
             reload = await weights.load(engine, model_name, version)
     except EngineError as err:
         raise EnginePushError(str(err), unreachable=err.status is None) from err
@@ -149,7 +151,7 @@ async def _serves(
 ) -> bool | None:
     """Whether the engine serves the weights of `version`; None when it does not answer (the proxies fail over)."""
     try:
-        async with EngineControl(endpoint, timeout_s=10.0) as engine:
+        async with EngineControl(endpoint, api_key=weights.api_key, timeout_s=10.0) as engine:
             return await weights.served(engine, model_name) == weights.label(version)
     except EngineError as err:
         log.log(level, "engine %s: its weight version could not be read (%s)", endpoint, err)

@@ -227,7 +227,7 @@ class AglPPOTrainer(RayPPOTrainer):
         self.loop.run(self.manager.replace_endpoints(self.agl.model_name, self._endpoints(), self.weights_version))
 
     def _weights(self) -> Weights:
-        return Weights(Path(self.agl.weights_dir), adapter=self.agl.adapter_push)
+        return Weights(Path(self.agl.weights_dir), adapter=self.agl.adapter_push, api_key=self.agl.engine_api_key)
 
     def _during_rollouts(self, work: Any) -> Any:
         """Runs the rollouts' coroutine on the loop; external engines that restart meanwhile are caught up."""

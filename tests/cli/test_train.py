@@ -174,6 +174,55 @@ def test_train_runs_the_users_agent_on_their_tasks_then_export_and_eval(workdir:
     assert processes_mentioning(str(workdir)) == [], "agl left processes running"
 
 
+def test_lora_rank_trains_an_adapter_the_engine_serves_and_merges_it_on_request(workdir: Path) -> None:
+    """`agl train --lora-rank 8`: the engine serves the base model and the run's adapter (from before the smoke
+    rollout: one with zero B, the base model's function), the trainer trains and pushes the adapter only, and the
+    run ends with the adapter as a PEFT directory and, asked for, the base model with it merged in."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    argv = ["train", *AGENT, "--data", "shop.jsonl", *ENV_MAP, *SMALL, "--steps", "2", "--run-id", "shoplora"]
+    argv += ["--lora-rank", "8", "--merge-adapter", "actor_rollout_ref.actor.optim.lr=1e-2"]
+    result = agl(*argv, cwd=workdir)
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr[-3000:]
+    assert "smoke rollout: ok (1 model call(s)" in out and "Traceback" not in out + result.stderr
+    output = workdir / "agl-runs" / "shoplora"
+    run = json.loads((output / "run.json").read_text())
+    assert run["state"] == "succeeded" and run["lora_rank"] == 8
+    base = Path(run["base_model"])
+    metrics = {m["step"]: m["data"] for m in map(json.loads, (output / "metrics.jsonl").read_text().splitlines())}
+    for step in (1, 2):
+        # The rows were sampled through the adapter the engine loaded last: its log-probs are the trainer's.
+        assert metrics[step]["agl/push/logprob_diff_max"] < 1e-4, metrics[step]
+        assert metrics[step]["agl/push/bytes"] < 0.5 * (base / "model.safetensors").stat().st_size
+    assert "model.safetensors" not in {p.name for p in (output / "state" / "weights").iterdir()}
+
+    adapter = output / "adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["r"] == 8 and config["lora_alpha"] == 16 and config["base_model_name_or_path"] == str(base)
+    tensors = load_file(str(adapter / "adapter_model.safetensors"))
+    assert max(float(t.abs().max()) for name, t in tensors.items() if ".lora_B." in name) > 0.0  # it trained
+
+    # The merged model is the base model with the adapter applied, as PEFT computes it, and not the base model.
+    ids = torch.tensor([[3, 5, 7, 11, 13, 17]])
+    reference = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    with torch.no_grad():
+        base_logits = reference(ids).logits
+        adapted = PeftModel.from_pretrained(reference, str(adapter))(ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(output / "model", dtype=torch.float32)(ids).logits
+    assert float((merged - adapted).abs().max()) < 1e-4
+    assert float((merged - base_logits).abs().max()) > 1e-4
+
+    exported = agl("export", "shoplora", "--to", str(workdir / "exported-adapter"), cwd=workdir)
+    assert exported.returncode == 0, exported.stderr
+    assert load_file(str(workdir / "exported-adapter" / "adapter_model.safetensors")).keys() == tensors.keys()
+    refused = agl("export", "shoplora", "--dtype", "bfloat16", cwd=workdir)
+    assert refused.returncode == 2 and "add --merge-adapter" in refused.stderr, refused.stderr
+    assert processes_mentioning(str(workdir)) == [], "agl left processes running"
+
+
 def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [str(AGL), *argv], cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -269,6 +318,9 @@ def _bad_inputs(workdir: Path) -> list[tuple[list[str], str]]:
         ([*data, *AGENT, "--val-every", "5"], "--val-every scores the held-out tasks: give them with --val FILE"),
         (["--data", "shop.jsonl", *AGENT, *ENV_MAP, "--tasks-per-step", "41"], "40 tasks, fewer than --tasks-per"),
         ([*data, *AGENT, "trainer.seed"], "neither an option nor a Hydra override"),
+        ([*data, *AGENT, "--lora-alpha", "16"], "--lora-alpha applies to a LoRA run: give --lora-rank R"),
+        ([*data, *AGENT, "--merge-adapter"], "--merge-adapter applies to a LoRA run: give --lora-rank R"),
+        ([*data, *AGENT, "--lora-rank", "8", "--export-dtype", "bfloat16"], "the merged model's dtype in a LoRA run"),
     ]
 
 

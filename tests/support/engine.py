@@ -45,10 +45,15 @@ class Engine:
     model_name: str
     log_path: Path
     proc: subprocess.Popen[bytes]
+    api_key: str | None = None  # what its /v1 routes want (`--api-key`); None: nothing
 
     @property
     def openai_url(self) -> str:
         return f"{self.url}/v1"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def log_text(self) -> str:
         try:
@@ -57,7 +62,7 @@ class Engine:
             return ""
 
     def control(self) -> EngineControl:
-        return EngineControl(self.url)
+        return EngineControl(self.url, api_key=self.api_key)
 
     def restore_base_weights(self) -> None:
         """Reloads the weights the engine started with (from synchronous code, e.g. a fixture's teardown)."""
@@ -121,14 +126,17 @@ def run_engine(
     log_dir: Path | None = None,
     start_timeout_s: float = START_TIMEOUT_S,
     port: int = 0,
+    api_key: str | None = None,
 ) -> Iterator[Engine]:
     """Starts the engine the way a user does (`python -m services.engine`), waits for /health, stops it after.
-    `port`: the engine's port (a restart on the same one); a free one by default."""
+    `port`: the engine's port (a restart on the same one); a free one by default. `api_key`: its /v1 routes want it."""
     python = require_engine_venv()
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "services.engine", "--model-dir", str(model_dir), "--python", str(python)]
     argv += ["--served-model-name", model_name, "--host", "127.0.0.1", "--port", str(port), *args]
+    if api_key:
+        argv += ["--api-key", api_key]
     directory = Path(log_dir or tempfile.mkdtemp(prefix="agl-engine-"))
     directory.mkdir(parents=True, exist_ok=True)
     log_path = directory / f"engine-{port}.log"
@@ -137,7 +145,9 @@ def run_engine(
         proc = subprocess.Popen(
             argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True
         )
-    engine = Engine(url=url, model_dir=Path(model_dir), model_name=model_name, log_path=log_path, proc=proc)
+    engine = Engine(
+        url=url, model_dir=Path(model_dir), model_name=model_name, log_path=log_path, proc=proc, api_key=api_key
+    )
     try:
         try:
             _wait_healthy(url, proc, start_timeout_s)
@@ -213,7 +223,7 @@ def chat(engine: Engine, content: str, **body: Any) -> dict[str, Any]:
         "return_token_ids": True,
         **body,
     }
-    response = httpx.post(f"{engine.openai_url}/chat/completions", json=request, timeout=60)
+    response = httpx.post(f"{engine.openai_url}/chat/completions", json=request, headers=engine.headers, timeout=60)
     assert response.status_code == 200, response.text
     return response.json()
 

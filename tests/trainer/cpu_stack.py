@@ -44,6 +44,8 @@ def start(root: Path, engine: Engine) -> Iterator[Stack]:
     specs = local_stack.load_compose({"AGL_KEY": KEY, "AGL_MODEL_NAME": MODEL}, profiles=[])
     specs = {name: specs[name] for name in ("ledger", "proxy", "controller")}
     overrides = {"controller": {"AGL_CONTROLLER_LOG_DIR": str(root / "agent-logs")}}
+    if engine.api_key:  # a keyed engine: the proxies send its key
+        overrides["proxy"] = {"AGL_ENGINE_API_KEY": engine.api_key}
     plans = local_stack.localize(specs, root, overrides)
     with local_stack.run_stack(plans, local_stack.start_order(specs), root / "logs") as running:
         ledger = running["ledger"].address(50051)
@@ -165,6 +167,8 @@ def run_trainer(
     argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}"]
     argv += [*trainer_overrides(engine, run_id, tasks, out, steps=steps, lr=lr, model=model), *extra]
     env = local_stack.child_environment({"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")})
+    if engine.api_key:  # as compose gives the trainer the stack's AGL_ENGINE_API_KEY
+        env["AGL_ENGINE_API_KEY"] = engine.api_key
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
     return TrainerRun.read(proc.returncode, proc.stdout + proc.stderr, out)
 

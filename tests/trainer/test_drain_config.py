@@ -104,6 +104,10 @@ def test_config_rejects_what_cannot_work() -> None:
         settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.engines.check_seconds=-1"))
     with pytest.raises(ConfigError, match="external engines only"):
         settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.engines.check_seconds=5"))
+    # The engines' key: for external engines only (verl's replicas take none), unless it is the environment's, which
+    # the proxies share.
+    with pytest.raises(ConfigError, match=r"agl\.engines\.api_key applies to external engines only"):
+        settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.engines.api_key=k1"))
     # LoRA: an adapter only external engines are given; verl's replicas would serve the agents the base model.
     with pytest.raises(ConfigError, match=r"lora\.merge=true"):
         settings_from_config(_compose("agl.launch.agent_class=a:B", "actor_rollout_ref.model.lora_rank=8"))
@@ -143,3 +147,17 @@ def test_lora_settings_push_the_adapter_to_external_engines_or_merged_weights() 
         "actor_rollout_ref.model.lora.merge=true",
     )
     assert not settings_from_config(_compose(*merged)).adapter_push
+
+
+def test_the_engines_key_comes_from_the_stacks_environment_and_is_never_printed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AGL_ENGINE_API_KEY", "engine-secret")
+    external = settings_from_config(_compose("agl.launch.agent_class=a:B", "placement=cpu"))
+    assert external.engine_api_key == "engine-secret" and "engine-secret" not in repr(external)
+    # The same environment for a colocated trainer (one .env for the stack) is not refused, and not used.
+    assert settings_from_config(_compose("agl.launch.agent_class=a:B")).engine_api_key == "engine-secret"
+    explicit = settings_from_config(_compose("agl.launch.agent_class=a:B", "placement=cpu", "agl.engines.api_key=k2"))
+    assert explicit.engine_api_key == "k2"
+    monkeypatch.delenv("AGL_ENGINE_API_KEY")
+    assert settings_from_config(_compose("agl.launch.agent_class=a:B", "placement=cpu")).engine_api_key is None

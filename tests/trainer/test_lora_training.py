@@ -3,7 +3,9 @@ writes it as a PEFT directory per version, and a real CPU vLLM started with `--l
 under the run's model name, which the real proxy routes the agents' calls to (issue 32).
 
 The engine serves its base model as `agl-base` and the adapter as `agl-policy` (the trainer's agl.model_name and
-the proxy's model). The stack is the CPU training tests' (tests/trainer/cpu_stack.py).
+the proxy's model). It is keyed (`--api-key`), as a shared engine is: the adapter routes are under /v1, so the trainer
+and the proxy send its key (agl.engines.api_key and the proxy's AGL_ENGINE_API_KEY, both from the environment). The
+stack is the CPU training tests' (tests/trainer/cpu_stack.py).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import httpx
 import pytest
 from safetensors.torch import load_file
 
+from services._gen.agl.v1 import model_pb2
 from services.engine.control import adapter_label
-from services.trainer.engine_push import Weights, catch_up
+from services.trainer.engine_push import EnginePushError, Weights, catch_up, push_weights
 from tests.support.engine import (
     Engine,
     adapter_reference_logprobs,
@@ -33,13 +36,16 @@ from tests.trainer.cpu_stack import MODEL, Stack, run_trainer, write_tasks
 pytestmark = [pytest.mark.trainer, pytest.mark.timeout(900)]  # an engine start, then trainer runs
 
 BASE = "agl-base"
+ENGINE_KEY = "lora-engine-key"  # keyed, as a shared engine is: the adapter routes are under /v1
 LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16"]
 
 
 @pytest.fixture(scope="module")
 def lora_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     root = tmp_path_factory.mktemp("lora-engine")
-    with run_engine(build_model(root / "model"), model_name=BASE, args=["--lora-rank", "8"], log_dir=root) as engine:
+    with run_engine(
+        build_model(root / "model"), model_name=BASE, args=["--lora-rank", "8"], log_dir=root, api_key=ENGINE_KEY
+    ) as engine:
         chat(engine, "warm up")
         yield engine
 
@@ -51,7 +57,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, lora_engine: Engine) -> Iter
 
 
 def served(engine: Engine, name: str) -> dict | None:
-    cards = httpx.get(f"{engine.openai_url}/models", timeout=30).json()["data"]
+    cards = httpx.get(f"{engine.openai_url}/models", headers=engine.headers, timeout=30).json()["data"]
     return next((card for card in cards if card["id"] == name), None)
 
 
@@ -110,7 +116,9 @@ def test_lora_steps_train_the_adapter_the_engine_serves_and_a_restarted_one_is_c
     assert endpoint.version == 3 and endpoint.weight_label == adapter_label(v3)
 
     # A restarted engine has no adapter: the proxy holds it back until the trainer's catch-up loads it again.
-    response = httpx.post(f"{lora_engine.url}/v1/unload_lora_adapter", json={"lora_name": MODEL}, timeout=30)
+    unload = f"{lora_engine.url}/v1/unload_lora_adapter"
+    assert httpx.post(unload, json={"lora_name": MODEL}, timeout=30).status_code == 401  # the key is needed
+    response = httpx.post(unload, json={"lora_name": MODEL}, headers=lora_engine.headers, timeout=30)
     assert response.status_code == 200, response.text
     deadline = time.monotonic() + 30
     while lora_engine.openai_url not in (held := held_back(stack)):
@@ -120,7 +128,7 @@ def test_lora_steps_train_the_adapter_the_engine_serves_and_a_restarted_one_is_c
 
     async def caught_up() -> list[str]:
         async with stack.client() as client:
-            weights = Weights(run.weights_dir, adapter=True)
+            weights = Weights(run.weights_dir, adapter=True, api_key=ENGINE_KEY)
             return await catch_up(client, MODEL, weights, 3, await client.list_models(MODEL))
 
     assert asyncio.run(caught_up()) == [lora_engine.openai_url]
@@ -144,9 +152,20 @@ def test_an_adapter_over_the_engines_rank_fails_the_run_and_leaves_the_loaded_on
     assert (served(lora_engine, MODEL) or {}).get("root") == before
 
 
-def test_an_engine_without_lora_is_one_clear_error(cpu_engine: Engine, tmp_path: Path) -> None:
-    with cpu_stack.start(tmp_path / "stack", cpu_engine) as plain:
-        tasks = write_tasks(tmp_path / "tasks.jsonl", ["parity"] * 2)
-        run = run_trainer(plain, cpu_engine, "lora-plain", tasks, steps=1, lr=1e-3, extra=LORA)
-    assert run.returncode != 0
-    assert "does not load LoRA adapters at runtime: start it with `--lora-rank R`" in run.output, run.output[-3000:]
+def test_an_engine_without_lora_is_one_clear_error(stack: Stack, cpu_engine: Engine, tmp_path: Path) -> None:
+    """The push of a LoRA run to an engine started without `--lora-rank` (the session's plain engine). How the
+    trainer fails its step on a refused push is the rank test's above; this is the error an operator reads."""
+    weights = tmp_path / "weights"
+    (weights / "adapter-v1").mkdir(parents=True)
+    plain = model_pb2.ModelEndpoint(model_name=MODEL, endpoint=cpu_engine.openai_url)
+
+    async def push() -> None:
+        async with stack.client() as client:
+            await push_weights(client, MODEL, Weights(weights, adapter=True), 1, endpoints=[plain])
+
+    with pytest.raises(EnginePushError, match=r"does not load LoRA adapters at runtime: start it with `--lora-rank R`"):
+        asyncio.run(push())
+    # Nothing half-loaded: the engine serves its one model as before.
+    assert [card["id"] for card in httpx.get(f"{cpu_engine.openai_url}/models", timeout=30).json()["data"]] == [
+        cpu_engine.model_name
+    ]

@@ -17,7 +17,7 @@ from ..errors import USAGE, CliError
 
 WEIGHTS = Path("state") / "weights" / "model.safetensors"
 # What a model directory holds besides its weights (the base model's files, copied as they are).
-_MODEL_FILES = (
+MODEL_FILES = (
     "config.json",
     "generation_config.json",
     "tokenizer.json",
@@ -78,7 +78,7 @@ def export_model(run_dir: Path, target: Path, *, dtype: str = "trained") -> Path
     partial = target.with_name(f".{target.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    for name in _MODEL_FILES:
+    for name in MODEL_FILES:
         if (base / name).is_file():
             shutil.copy2(base / name, partial / name)
     index = sources[0].parent / "model.safetensors.index.json"
@@ -97,6 +97,12 @@ def export_model(run_dir: Path, target: Path, *, dtype: str = "trained") -> Path
         config["torch_dtype"] = next(iter(floating))
         config.pop("dtype", None)
     (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    replace_dir(partial, target)
+    return target
+
+
+def replace_dir(partial: Path, target: Path) -> None:
+    """partial (written whole) becomes target, whose old contents go: a reader sees one or the other, never a mix."""
     if target.exists():
         old = target.with_name(f".{target.name}.old")
         shutil.rmtree(old, ignore_errors=True)
@@ -105,7 +111,6 @@ def export_model(run_dir: Path, target: Path, *, dtype: str = "trained") -> Path
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(partial, target)
-    return target
 
 
 def resolve_run(run: str) -> Path:
@@ -117,8 +122,24 @@ def resolve_run(run: str) -> Path:
     raise CliError(f"no run {run!r}: neither a run folder nor a run under {RUNS_DIR}/", USAGE)
 
 
-def run_export_command(run: str, to: Path | None, dtype: str) -> int:
+def run_export_command(run: str, to: Path | None, dtype: str, merge_adapter: bool = False) -> int:
+    """A run's model (RUN/model); a LoRA run's adapter (RUN/adapter), and with merge_adapter the base model with
+    it merged in (RUN/model)."""
+    from . import lora
+
     run_dir = resolve_run(run)
+    if json.loads((run_dir / "run.json").read_text()).get("lora_rank"):
+        if dtype != "trained" and not merge_adapter:
+            raise CliError("--dtype is the merged model's dtype in a LoRA run: add --merge-adapter", USAGE)
+        base = base_model_of(run_dir)
+        adapter = lora.export_adapter(run_dir, base, (to or run_dir / "adapter").resolve())
+        print(f"adapter: {adapter}")
+        if merge_adapter:
+            merged = lora.merge_adapter(base, adapter, (run_dir / "model").resolve(), dtype, MODEL_FILES)
+            print(f"model: {merged}")
+        return 0
+    if merge_adapter:
+        raise CliError(f"--merge-adapter: run {run_dir.name} trained every weight, not an adapter", USAGE)
     target = export_model(run_dir, (to or run_dir / "model").resolve(), dtype=dtype)
     print(f"model: {target}")
     return 0

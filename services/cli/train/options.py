@@ -99,6 +99,16 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     group.add_argument("--save-every", type=positive_int, default=None, help="steps between checkpoints (10)")
     group.add_argument("--placement", choices=PLACEMENTS, default=None, help="auto: GPUs when present, else CPU")
     group.add_argument("--export-dtype", choices=EXPORT_DTYPES, default=None, help="dtype of the model written")
+    group.add_argument(
+        "--lora-rank",
+        type=non_negative_int,
+        default=None,
+        help="train a LoRA adapter of this rank instead of every weight (CPU placement; 0: off)",
+    )
+    group.add_argument("--lora-alpha", type=positive_int, default=None, help="LoRA's alpha (twice the rank)")
+    group.add_argument(
+        "--merge-adapter", action="store_true", help="LoRA: also write the base model with the adapter merged in"
+    )
     group.add_argument("--output", type=Path, help="results folder (agl-runs/RUN_ID)")
     group.add_argument("--run-id", help="names the run (a new one unless --resume)")
     group.add_argument("--resume", action="store_true", help="continue --run-id from its last checkpoint")
@@ -127,8 +137,11 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def add_export_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write a run's latest weights as a Hugging Face model directory")
     p.add_argument("run", help="a run id (under agl-runs/) or a run's output folder")
-    p.add_argument("--to", type=Path, help="the model directory to write (RUN/model)")
+    p.add_argument("--to", type=Path, help="the directory to write (RUN/model; a LoRA run's adapter: RUN/adapter)")
     p.add_argument("--dtype", choices=EXPORT_DTYPES, default="trained", help="dtype of the weights written")
+    p.add_argument(
+        "--merge-adapter", action="store_true", help="a LoRA run: also write the base model with the adapter merged"
+    )
     return p
 
 
@@ -147,6 +160,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "save_every": 10,
     "placement": "auto",
     "export_dtype": "trained",
+    "lora_rank": 0,
 }
 EVAL_DEFAULTS: dict[str, Any] = {
     "env_map": [],

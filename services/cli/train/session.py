@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from services._gen.agl.v1 import rollout_pb2, run_pb2
 
 from ..errors import FAILURE, USAGE, CliError
-from . import checks, collect, export, options, report
+from . import checks, collect, export, lora, options, report
 from .stack import CHECKOUT, Stack, child_environment, running_stack
 
 RUN_FILE = "run.json"
@@ -72,12 +72,18 @@ class TrainPlan:
     val_label: str = "held-out reward"
     multi_turn: bool = False
     checks_s: float = 0.0  # how long the checks took
+    # LoRA (services/cli/train/lora.py): the adapter's rank (0: every weight is trained) and alpha; merge_adapter:
+    # the base model with the adapter merged in is written too.
+    lora_rank: int = 0
+    lora_alpha: int = 0
+    merge_adapter: bool = False
 
 
 KNOWN = (
     "data", "val", "agent_class", "command", "env_map", "rollout_timeout", "max_prompt_length",
     "max_response_length", "model", "steps", "tasks_per_step", "group_size", "lr", "val_every", "save_every",
-    "placement", "export_dtype", "output", "run_id", "resume", "allow_no_learning", "tool_call_parser",
+    "placement", "export_dtype", "output", "run_id", "resume", "allow_no_learning", "tool_call_parser", "lora_rank",
+    "lora_alpha", "merge_adapter",
 )  # fmt: skip
 
 
@@ -135,6 +141,7 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
             raise CliError("--val-every scores the held-out tasks: give them with --val FILE", USAGE)
         args.val_every = 0
     lr = float(args.lr) if args.lr is not None else options.default_lr(model)
+    lora_rank, lora_alpha = lora_settings(args, placement)
     plan = TrainPlan(
         run_id=run_id,
         output=output,
@@ -161,8 +168,35 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         allow_no_learning=bool(args.allow_no_learning),
         overrides=overrides,
         checks_s=time.monotonic() - started,
+        lora_rank=lora_rank,
+        lora_alpha=lora_alpha,
+        merge_adapter=bool(args.merge_adapter),
     )
     return plan
+
+
+def lora_settings(args: argparse.Namespace, placement: str) -> tuple[int, int]:
+    """(rank, alpha) of --lora-rank/--lora-alpha; the options that only a LoRA run uses are refused without it."""
+    rank = int(args.lora_rank or 0)
+    if not rank:
+        for name in ("lora_alpha", "merge_adapter"):
+            if name in args.given:
+                raise CliError(f"--{name.replace('_', '-')} applies to a LoRA run: give --lora-rank R", USAGE)
+        return 0, 0
+    if placement != "cpu":
+        raise CliError(
+            "--lora-rank trains an adapter that the CPU placement's engine loads; on GPUs pass the trainer overrides "
+            "actor_rollout_ref.model.lora_rank=R actor_rollout_ref.model.lora.merge=true (verl's replicas get the "
+            "merged weights)",
+            USAGE,
+        )
+    if "export_dtype" in args.given and not args.merge_adapter:
+        raise CliError(
+            "--export-dtype is the merged model's dtype in a LoRA run (the adapter is written as trained): add "
+            "--merge-adapter",
+            USAGE,
+        )
+    return rank, int(args.lora_alpha or 2 * rank)
 
 
 def resolve_placement(placement: str) -> str:
@@ -200,6 +234,7 @@ def write_run_file(plan: TrainPlan, base_model: Path, state: str, **extra: Any) 
         "data": str(plan.train_file),
         "val": str(plan.val_file) if plan.val_file else None,
         "env_map": plan.env_map,
+        "lora_rank": plan.lora_rank,
         "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **extra,
     }
@@ -264,6 +299,7 @@ def trainer_overrides(plan: TrainPlan, stack: Stack, model_path: Path) -> list[s
         f"actor_rollout_ref.rollout.response_length={plan.max_response_length}",
         f"actor_rollout_ref.model.path={model_path}",
         f"actor_rollout_ref.actor.optim.lr={plan.lr}",
+        *(lora_overrides(plan) if plan.lora_rank else []),
         f"trainer.total_training_steps={plan.steps}",
         f"trainer.test_freq={plan.val_every if plan.val_every > 0 and plan.val_file else -1}",
         f"trainer.val_before_train={'true' if plan.val_file else 'false'}",
@@ -288,6 +324,11 @@ def trainer_overrides(plan: TrainPlan, stack: Stack, model_path: Path) -> list[s
         overrides.append("actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]")
     # The caller's settings win: the example's, then the user's own Hydra overrides.
     return [*overrides, *plan.extra_overrides, *plan.overrides]
+
+
+def lora_overrides(plan: TrainPlan) -> list[str]:
+    model = "actor_rollout_ref.model"
+    return [f"{model}.lora_rank={plan.lora_rank}", f"{model}.lora_alpha={plan.lora_alpha}"]
 
 
 @contextlib.contextmanager
@@ -467,6 +508,7 @@ def train(plan: TrainPlan, out: TextIO = sys.stdout, *, base_model: Path | None 
             agent_path=checks.agent_import_path(),
             out=out,
             tool_call_parser=plan.tool_call_parser,
+            lora=(plan.lora_rank, plan.lora_alpha),
         ) as stack:
             try:
                 code, figures = _train_in(stack, plan, model_path, out, records)
@@ -491,12 +533,28 @@ def train(plan: TrainPlan, out: TextIO = sys.stdout, *, base_model: Path | None 
             signal.signal(sig, handler)
     if code != 0:
         return code
-    model_dir = export.export_model(plan.output, plan.output / "model", dtype=plan.export_dtype)
-    write_run_file(plan, model_path, "succeeded", model=str(model_dir), **figures)
-    out.write(
-        f"model: {model_dir} (transformers: AutoModelForCausalLM.from_pretrained('{model_dir}'); "
-        f"serve it: agl-engine --model-dir {model_dir}; score it: agl eval --model {model_dir} ...)\n"
-    )
+    if plan.lora_rank:
+        adapter = lora.export_adapter(plan.output, model_path, plan.output / "adapter")
+        merged = {}
+        if plan.merge_adapter:
+            merged_dir = lora.merge_adapter(
+                model_path, adapter, plan.output / "model", plan.export_dtype, export.MODEL_FILES
+            )
+            merged = {"model": str(merged_dir)}
+        write_run_file(plan, model_path, "succeeded", adapter=str(adapter), **merged, **figures)
+        out.write(
+            f"adapter: {adapter} (PEFT: PeftModel.from_pretrained(base, '{adapter}'); serve it: vLLM --enable-lora "
+            f"--lora-modules NAME={adapter} over the base model {model_path})\n"
+        )
+        if merged:
+            out.write(f"model: {merged['model']} (the base model with the adapter merged in)\n")
+    else:
+        model_dir = export.export_model(plan.output, plan.output / "model", dtype=plan.export_dtype)
+        write_run_file(plan, model_path, "succeeded", model=str(model_dir), **figures)
+        out.write(
+            f"model: {model_dir} (transformers: AutoModelForCausalLM.from_pretrained('{model_dir}'); "
+            f"serve it: agl-engine --model-dir {model_dir}; score it: agl eval --model {model_dir} ...)\n"
+        )
     if figures["trained_steps"] == 0:
         what = "no step had a learning signal (every group's rewards were equal), the model did not change"
         if plan.allow_no_learning:

@@ -21,6 +21,7 @@ from services._gen.agl.v1 import model_pb2
 from services.client import LedgerClient
 
 from ..errors import USAGE, CliError
+from . import lora as lora_module
 
 CHECKOUT = Path(__file__).resolve().parents[3]
 COMPOSE = CHECKOUT / "deploy" / "docker-compose.yaml"
@@ -84,6 +85,16 @@ async def register_engine(ledger: str, key: str, model_name: str, engine_url: st
             await client.register_models([model_pb2.ModelEndpoint(model_name=model_name, endpoint=engine_url)])
 
 
+async def load_adapter(engine_url: str, name: str, adapter: Path) -> None:
+    from services.engine.control import EngineControl, EngineError
+
+    try:
+        async with EngineControl(engine_url) as engine:
+            await engine.load_adapter(name, adapter)
+    except EngineError as err:
+        raise CliError(f"the engine did not load the start adapter {adapter}: {err}") from None
+
+
 @contextlib.contextmanager
 def running_stack(
     folder: Path,
@@ -95,9 +106,12 @@ def running_stack(
     out: TextIO,
     tool_call_parser: str = "hermes",
     console: bool = True,
+    lora: tuple[int, int] = (0, 0),
 ) -> Iterator[Stack]:
     """Ledger (SQLite under folder/stack), proxy, controller, the CPU engine when model_dir is given, and the
-    console; the agent's import path goes to the controller."""
+    console; the agent's import path goes to the controller. `lora` (rank, alpha): the engine serves the base model
+    as `<model>-base` and loads adapters of that rank under the model's name, starting with one that changes
+    nothing (train/lora.py)."""
     stack_module = local_stack()
     key, key_file = write_key(folder)
     wanted = ["ledger", "proxy", "controller", *(["engine"] if model_dir else []), *(["console"] if console else [])]
@@ -119,6 +133,12 @@ def running_stack(
             "AGL_ENGINE_MAX_MODEL_LEN": str(max_model_len),
             "AGL_ENGINE_TOOL_CALL_PARSER": tool_call_parser,
         }
+    lora_rank = lora[0]
+    ledger_port = int(specs["ledger"].env["AGL_LEDGER_PORT"])
+    model_name = specs["proxy"].env["AGL_MODEL_NAME"]
+    if model_dir and lora_rank:
+        overrides["engine"]["AGL_ENGINE_LORA_RANK"] = str(lora_rank)
+        overrides["engine"]["AGL_ENGINE_SERVED_MODEL_NAME"] = lora_module.engine_model_name(model_name)
     plans = stack_module.localize(specs, data_dir, overrides)
     # The controller's agents import the user's modules from where agl runs (the agent runner follows PYTHONPATH).
     user_path = os.environ.get("PYTHONPATH", "")
@@ -127,8 +147,6 @@ def running_stack(
     note = " (the engine takes ~40 s)" if model_dir else ""
     out.write(f"starting {', '.join(wanted)}{note}; logs in {logs}\n")
     out.flush()
-    ledger_port = int(specs["ledger"].env["AGL_LEDGER_PORT"])
-    model_name = specs["proxy"].env["AGL_MODEL_NAME"]
 
     def register(name: str, running: Mapping[str, Any]) -> None:
         # Before the controller starts: a resumed run's queued rollouts would otherwise run at once against the
@@ -139,6 +157,10 @@ def running_stack(
         elif name == "engine":
             port = int(specs["engine"].env["AGL_ENGINE_PORT"])
             url = f"http://{running['engine'].address(port)}/v1"
+            if lora_rank:  # the run's model name exists on the engine before the first push (the smoke rollout)
+                assert model_dir is not None
+                start = lora_module.write_start_adapter(model_dir, folder / "state" / "start-adapter", *lora)
+                asyncio.run(load_adapter(url.removesuffix("/v1"), model_name, start))
             asyncio.run(register_engine(running["ledger"].address(ledger_port), key, model_name, url))
 
     order = stack_module.start_order(specs)
