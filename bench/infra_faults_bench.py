@@ -10,7 +10,7 @@ rollout_advantages with verl's GRPO):
   drop_rollout:  the same kills, left out of their groups (the trainer's default policy)
 A killed answer that was right is scored 0 under `score`: its group learns that the right answer is wrong.
 
-    .venv/bin/python bench/infra_faults_bench.py [--steps 150] [--kill 0.2] [--seed 0]
+    .venv/bin/python bench/infra_faults_bench.py [--steps 150] [--kill 0.2] [--seed 0] [--warm-start-steps 300]
 
 Prints one JSON line per evaluation and arm, then a summary of held-out greedy accuracy by arm.
 """
@@ -122,9 +122,7 @@ def main() -> int:
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument(
-        "--warm-start-steps", type=int, default=150, help="supervised steps of the lab's warm start (its default 150)"
-    )
+    parser.add_argument("--warm-start-steps", type=int, default=300, help="warm-start steps (the demo's 300)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     lab_args = lab.parse(["--warm-start-steps", str(args.warm_start_steps)])
