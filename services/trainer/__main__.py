@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import hydra
 
+# Registers the resolver agl_trainer.yaml's search path uses; imports no verl, torch or transformers (the
+# driver never does: runner.py).
+from .config import CONFIG_DIR as _CONFIG_DIR
+
 # An absolute path: Hydra turns a relative one into a module name, and "hydra-conf" is not importable on purpose.
-CONFIG_DIR = str(Path(__file__).resolve().parent / "hydra-conf")
+CONFIG_DIR = str(_CONFIG_DIR)
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="agl_trainer", version_base=None)

@@ -15,29 +15,14 @@ from typing import Any
 from verl import DataProto
 
 from .advantage import rollout_advantages, zero_variance_groups
-from .aggregation import AggregationLevel, Row, rows_from_trace
+from .aggregation import Row, rows_from_trace
 from .alignment import align_rows
 from .batch import rows_to_dataproto
+from .data_settings import DataPathSettings
 from .health import FLAGGED_COUNTS, RowFlags, StepHealth, row_health
 from .loss import ROW_WEIGHTS_KEY, per_rollout_token_weights
 from .trace_stats import row_metrics
 from .triplets import REWARD_MISSING, RolloutTrace
-
-
-@dataclass(frozen=True)
-class DataPathSettings:
-    level: AggregationLevel = AggregationLevel.TRAJECTORY
-    max_prompt_length: int = 1024
-    max_response_length: int = 1024
-    pad_token_id: int = 0
-    adv_estimator: str = "grpo"
-    norm_adv_by_std_in_grpo: bool = True
-    # Rows per optimiser update (verl: ppo_mini_batch_size * rollout.n); <= 0: one update on all rows.
-    mini_batch_rows: int = 0
-    # Cap on optimiser updates per step; <= 0: no cap.
-    max_ppo_update_times: int = 0
-    # Rows must split evenly over this many data-parallel ranks.
-    row_divisor: int = 1
 
 
 @dataclass

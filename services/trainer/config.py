@@ -6,6 +6,7 @@ module is the only place the trainer's configuration is interpreted; nothing els
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from collections.abc import Mapping
@@ -17,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from services._gen.agl.v1 import rollout_pb2
 
-from .adapter import DataPathSettings
 from .aggregation import AggregationLevel
+from .data_settings import DataPathSettings
 from .guardrails import DEFAULT_LIMITS, Limit, parse_limits
 from .infra_policy import InfraSettings, Policy
 from .lora import trains_adapter
@@ -28,6 +29,23 @@ from .specs import LaunchSettings, check_run_id
 
 CONFIG_DIR = Path(__file__).resolve().parent / "hydra-conf"
 CONFIG_NAME = "agl_trainer"
+VERL_CONFIG_RESOLVER = "agl_verl_config_dir"
+
+
+def verl_config_dir() -> str:
+    """verl's Hydra configs (ppo_trainer and its groups), found without importing verl: Hydra's pkg:// source
+    imports the package, and verl's __init__ loads torch, transformers and tensordict (~10 s of CPU before
+    the trainer's config is even composed)."""
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("verl is not installed here: the trainer needs the trainer extra (agl[trainer])")
+    return str(Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config")
+
+
+# agl_trainer.yaml's search path names verl's configs as file://${agl_verl_config_dir:}. Registered on import:
+# every composition of the config (agl-trainer's Hydra main, the tests' compose) imports this module first.
+if not OmegaConf.has_resolver(VERL_CONFIG_RESOLVER):
+    OmegaConf.register_new_resolver(VERL_CONFIG_RESOLVER, verl_config_dir)
 
 _OUTCOME_ESTIMATORS = frozenset(
     {"grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg", "reinforce_plus_plus",

@@ -3,7 +3,7 @@ run on CPU over gloo, so the demo trains with the production step, not a copy of
 
 Loaded by verl itself in every process (driver, task runner, workers) through its extension points:
 `VERL_USE_EXTERNAL_MODULES=services.trainer.cpu_platform` imports this module when verl is imported, and
-`VERL_PLATFORM=cpu` selects the platform registered here. `cpu_env()` gives both; the runner sets them.
+`VERL_PLATFORM=cpu` selects the platform registered here. `ray_env.cpu_env()` gives both; the runner sets them.
 
 What it does, each through verl's registries unless noted:
 - registers platform "cpu": device "cpu", gloo, Ray resource "GPU" (the runner declares one logical "GPU"
@@ -25,20 +25,9 @@ import verl
 from verl.plugin.platform.platform_base import PlatformBase
 from verl.plugin.platform.platform_manager import PlatformRegistry
 
-PLATFORM_NAME = "cpu"
+from .ray_env import PLATFORM_NAME
+
 VERL_VERSION = "0.9.1"
-MODULE = __name__
-
-
-def cpu_env() -> dict[str, str]:
-    """Environment that makes every verl process (Ray workers included) use this platform."""
-    return {
-        "VERL_USE_EXTERNAL_MODULES": MODULE,
-        "VERL_PLATFORM": PLATFORM_NAME,
-        # verl's workers pick attention and torch threads from these; one thread per rank leaves the other
-        # cores to the engine and the agents.
-        "TOKENIZERS_PARALLELISM": "false",
-    }
 
 
 class _CpuDeviceModule:

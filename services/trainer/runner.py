@@ -1,9 +1,12 @@
-"""The Ray side of the entrypoint: verl's task runner, building an AglPPOTrainer instead of its own.
+"""The Ray side of the entrypoint: verl's task runner in a Ray actor, building an AglPPOTrainer instead of its own.
 
 `run(config)` is what `agl-trainer` / `python -m services.trainer` calls after Hydra. On a GPU machine it is
 verl's own launch. With `trainer.device=cpu` (`placement=cpu`) the same trainer runs verl's
 actor on CPU: the runner declares one logical Ray "GPU" per CPU training rank and hands every Ray process
 the environment that loads services.trainer.cpu_platform.
+
+The driver imports no verl (ray_env.py says why): the task runner's body is task_runner.py, imported inside
+the actor.
 """
 
 from __future__ import annotations
@@ -14,75 +17,39 @@ from typing import Any
 
 import ray
 from omegaconf import OmegaConf, open_dict
-from verl.trainer.main_ppo import run_ppo
-from verl.trainer.main_ppo_v0 import BaseTaskRunner
-from verl.trainer.ppo.utils import need_critic, need_reference_policy
-from verl.utils.config import omega_conf_to_dataclass, validate_config
 
 from . import interruption
 from .config import ConfigError, TrainerSettings, settings_from_config
-from .datasets import load_samples
 from .fate import share_fate
 from .preflight import check_config
+from .ray_env import cpu_env, ray_init_kwargs, set_run_switches
 
 log = logging.getLogger(__name__)
 
 
 @ray.remote(num_cpus=1)
-class AglTaskRunner(BaseTaskRunner):
+class AglTaskRunner:
     def run(self, config: Any) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        from .ppo_trainer import AglPPOTrainer
+        from .task_runner import TaskRunner
 
-        OmegaConf.resolve(config)
-        settings = settings_from_config(config)
-        log.info("AGL trainer %r", settings)
-        _, worker_group_cls = self.add_actor_rollout_worker(config)
-        external = bool(config.agl.engines.external)
-        if external:
-            from .lora_worker import AglActorRolloutRefWorker
-
-            # The same role verl chose (a fused reference policy or not), with the adapter-writing weight update.
-            for role in list(self.role_worker_mapping):
-                self.role_worker_mapping[role] = ray.remote(AglActorRolloutRefWorker)
-        self.add_critic_worker(config)
-        self.add_reward_model_resource_pool(config)
-        self.add_teacher_model_resource_pool(config)
-        validate_config(
-            config=without_colocated_lora_check(config) if external else config,
-            use_reference_policy=need_reference_policy(config),
-            use_critic=need_critic(config),
-        )
-        model_config = omega_conf_to_dataclass(config.actor_rollout_ref.model)
-        train = load_samples(config.data.train_files, int(config.data.get("train_max_samples", -1) or -1))
-        val_files = config.data.get("val_files")
-        val = load_samples(val_files) if val_files else []
-        trainer = AglPPOTrainer(
-            config=config,
-            tokenizer=model_config.tokenizer,
-            role_worker_mapping=self.role_worker_mapping,
-            resource_pool_manager=self.init_resource_pool_mgr(config),
-            ray_worker_group_cls=worker_group_cls,
-            settings=settings,
-            train_samples=train,
-            val_samples=val,
-            processor=model_config.processor,
-            device_name=config.trainer.device,
-        )
-        trainer.init_workers()
-        trainer.fit()
+        TaskRunner().run(config)
 
 
-def without_colocated_lora_check(config: Any) -> Any:
-    """A copy of the config for verl's validate_config that skips its LoRA rank check: that check imports verl's
-    colocated vLLM rollout (absent where the engines are external) to round the rank for the replicas verl
-    starts; an external engine checks an adapter's rank itself when it loads it (--max-lora-rank)."""
-    copy = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
-    with open_dict(copy):
-        copy.actor_rollout_ref.model.lora_rank = 0
-        if copy.actor_rollout_ref.model.get("lora"):
-            copy.actor_rollout_ref.model.lora.rank = 0
-    return copy
+def launch(config: Any) -> None:
+    """verl's run_ppo with AglTaskRunner: ray.init (unless joined already), then the task runner's run."""
+    set_run_switches(config)
+    if not ray.is_initialized():
+        ray.init(**ray_init_kwargs(config))
+    runner = AglTaskRunner.remote()
+    profiler = config.global_profiler
+    if profiler.tool == "nsys" and profiler.get("steps") and str(config.trainer.get("device", "cuda")) != "cpu":
+        from verl.utils.device import is_cuda_available
+
+        if is_cuda_available:
+            nsight = OmegaConf.to_container(profiler.global_tool_config.nsys.controller_nsight_options)
+            runner = AglTaskRunner.options(runtime_env={"nsight": nsight}).remote()
+    ray.get(runner.run.remote(config))
 
 
 def gpu_available() -> bool:
@@ -94,8 +61,6 @@ def gpu_available() -> bool:
 def prepare_cpu(config: Any, joining: bool) -> None:
     """Ray init arguments and the worker environment for a CPU run (in place); `joining`: ray.init connects to a
     running cluster (joins_running_cluster)."""
-    from .cpu_platform import cpu_env
-
     env = cpu_env()
     os.environ.update(env)
     ranks = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
@@ -145,11 +110,8 @@ def join_cluster(config: Any) -> None:
     """Connects to the running cluster as verl would (its runtime env under the config's), then checks that the
     cluster can place the ranks: short of GPUs or CPUs, verl's placement group waits forever and the only sign is
     the autoscaler's log."""
-    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
-
-    ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True)
-    runtime_env = OmegaConf.merge(get_ppo_ray_runtime_env(config), ray_init.pop("runtime_env", None) or {})
-    ray.init(**ray_init, runtime_env=OmegaConf.to_container(runtime_env))
+    set_run_switches(config)
+    ray.init(**ray_init_kwargs(config))
     ranks = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     have = ray.cluster_resources()
     gpus, cpus = have.get("GPU", 0), have.get("CPU", 0)
@@ -215,6 +177,6 @@ def run(config: Any) -> None:
         # The cluster ray.init starts is this driver's: it goes when the driver goes (services/trainer/fate.py).
         share_fate()
     # ray.init sets its own SIGTERM handler (sys.exit, which Ray's ray.get turns into a SystemError and a stack
-    # dump): ours go back in once it has run, whether joining above or inside verl's run_ppo.
+    # dump): ours go back in once it has run, whether joining above or in launch().
     with interruption.after_ray_init(settings, checkpoints):
-        run_ppo(config, task_runner_class=AglTaskRunner)
+        launch(config)

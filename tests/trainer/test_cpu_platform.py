@@ -73,7 +73,7 @@ def test_the_platform_is_never_picked_without_verl_platform() -> None:
 def _cpu_ray_init(monkeypatch: pytest.MonkeyPatch, ray_address: str | None, address: str | None = None) -> dict:
     from omegaconf import OmegaConf
 
-    from services.trainer.cpu_platform import cpu_env
+    from services.trainer.ray_env import cpu_env
 
     with warnings.catch_warnings():
         # verl's and Ray's import-time deprecation warnings (the suite turns warnings into errors).
