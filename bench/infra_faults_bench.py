@@ -7,7 +7,10 @@ rollout_advantages with verl's GRPO):
   clean:         no faults
   score:         `--kill` of the rollouts (at random) are killed after their model call: they keep their answer
                  and train with the fill-value reward 0 (AGL's behaviour before the policy; `policy=score`)
-  drop_rollout:  the same kills, left out of their groups (the trainer's default policy)
+  drop_rollout:  the same kills, left out of their groups (the trainer's policy once its retries are spent)
+  retry_drop:    the trainer's default whole: a killed rollout is attempted again (a fresh sample of the same
+                 prompt, killed at the same rate: `agl.infra_failures.retry_attempts=2`), then left out if
+                 killed again
 A killed answer that was right is scored 0 under `score`: its group learns that the right answer is wrong.
 
     .venv/bin/python bench/infra_faults_bench.py [--steps 150] [--kill 0.2] [--seed 0] [--warm-start-steps 300]
@@ -40,7 +43,8 @@ from services.trainer.advantage import rollout_advantages  # noqa: E402
 from services.trainer.infra_policy import InfraSettings, Policy, select  # noqa: E402
 from services.trainer.triplets import RolloutTrace, Triplet  # noqa: E402
 
-ARMS = {"clean": None, "score": Policy.SCORE, "drop_rollout": Policy.DROP_ROLLOUT}
+ARMS = {"clean": None, "score": Policy.SCORE, "drop_rollout": Policy.DROP_ROLLOUT, "retry_drop": Policy.DROP_ROLLOUT}
+ATTEMPTS = {"retry_drop": 2}  # attempts per rollout (the trainer's default); the other arms have one
 
 
 def step_advantages(
@@ -80,7 +84,7 @@ def run_arm(args: argparse.Namespace, name: str, policy: Policy | None, path: Pa
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     curve = [(0, lab.greedy_accuracy(model, tokenizer, val, val_prompts, eos))]
     order: list[int] = []
-    killed_total = wrong_zeros = 0
+    killed_total = wrong_zeros = left_out = 0
     for step in range(1, args.steps + 1):
         chosen = []
         for _ in range(args.tasks_per_step):
@@ -95,7 +99,17 @@ def run_arm(args: argparse.Namespace, name: str, policy: Policy | None, path: Pa
         rewards = lab.rewards_of(tokenizer, responses, tasks)
         killed = {i for i in range(len(rewards)) if faults.random() < args.kill} if policy is not None else set()
         killed_total += len(killed)
+        for _ in range(ATTEMPTS.get(name, 1) - 1):  # a retry is a fresh attempt: a new answer, maybe killed again
+            again = sorted(killed)
+            if not again:
+                break
+            fresh = lab.sample(model, [prompts[i] for i in again], temperature=1.0, max_new=16, eos=eos, pad=pad)
+            fresh_rewards = lab.rewards_of(tokenizer, fresh, [tasks[i] for i in again])
+            for i, response, reward in zip(again, fresh, fresh_rewards, strict=True):
+                responses[i], rewards[i] = response, reward
+            killed = {i for i in again if faults.random() < args.kill}
         wrong_zeros += sum(1 for i in killed if rewards[i] > 0)
+        left_out += len(killed)
         by_index = step_advantages(chosen, args.n, rewards, killed, policy)
         if by_index and any(v != 0 for v in by_index.values()):
             keep = sorted(by_index)
@@ -109,7 +123,13 @@ def run_arm(args: argparse.Namespace, name: str, policy: Policy | None, path: Pa
         if step % args.eval_every == 0:
             curve.append((step, lab.greedy_accuracy(model, tokenizer, val, val_prompts, eos)))
             print(json.dumps({"arm": name, "step": step, "held_out": curve[-1][1]}), flush=True)
-    return {"arm": name, "curve": curve, "killed": killed_total, "right_answers_scored_0": wrong_zeros}
+    return {
+        "arm": name,
+        "curve": curve,
+        "killed": killed_total,
+        "killed_on_the_last_attempt": left_out,
+        "right_answers_scored_0": wrong_zeros,
+    }
 
 
 def main() -> int:
@@ -138,7 +158,8 @@ def main() -> int:
     for result in results:
         points = "  ".join(f"{s}:{a:.3f}" for s, a in result["curve"])
         zeros = result["right_answers_scored_0"] if result["arm"] == "score" else "-"
-        print(f"{result['arm']:>13}  {points}  (killed {result['killed']}, right answers scored 0: {zeros}; "
+        print(f"{result['arm']:>13}  {points}  (killed {result['killed']}, on the last attempt "
+              f"{result['killed_on_the_last_attempt']}, right answers scored 0: {zeros}; "
               f"{result['seconds']} s)")  # fmt: skip
     return 0
 
