@@ -9,7 +9,10 @@ trainer restarted meanwhile would share the run with a ghost.
 So, before Ray starts, the driver marks its environment with a token every process of its cluster inherits, and
 starts a watchdog holding one end of a pipe the driver keeps open. When the driver dies the pipe reads EOF and
 the watchdog kills every process of the cluster (the task runner, workers, helpers, anything they started), then
-exits. On a normal exit it finds Ray already stopped, or ends what `ray.shutdown()` left behind.
+exits. A driver that exits through the interpreter (a finished run, a health stop, Ctrl-C) first writes
+ORDERLY down the pipe: Ray's shutdown is under way, its workers leave once their raylet has, and the watchdog gives
+them GRACE_S to go by themselves before it ends what is left (said in one line only then). Without that word (kill
+-9, os._exit, a crash of the interpreter) it kills at once.
 
 A process of the cluster is one that carries the token, or a descendant of one. The token alone does not find
 them all: Ray's helpers name themselves with setproctitle (`ray::DashboardAgent`), which writes the title over the
@@ -23,6 +26,8 @@ never touched.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import select
 import signal
@@ -44,6 +49,11 @@ WATCHDOG_QUIET_S = 3.0
 WATCHDOG_SWEEP_S = 30.0
 # How often the watchdog records the cluster while the driver lives (a /proc scan: a few ms).
 RECORD_S = 1.0
+# What a driver exiting through the interpreter writes down the pipe, and how long the cluster then has to go by
+# itself (Ray's workers leave within a second or two of their raylet; the trainer's driver, which imports no verl,
+# is out before them, and they were once taken for a dead driver's cluster and killed).
+ORDERLY = b"orderly"
+GRACE_S = 5.0
 # What the watchdog keeps of the driver's environment: enough to import this module, nothing that names the run
 # (so it is not taken for one of the run's processes while it watches).
 WATCHDOG_ENV = ("PATH", "PYTHONPATH", "PYTHONHOME", "HOME", "LANG", "LC_ALL", "TMPDIR")
@@ -68,7 +78,9 @@ def processes_with(token: str, proc: Path = Path("/proc")) -> list[int]:
 
 
 def _parents_and_starts(proc: Path) -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, start time in clock ticks) of every process readable now."""
+    """pid -> (parent pid, start time in clock ticks) of every process readable now that has not died: a zombie
+    (dead, waiting for its parent to reap it) cannot be killed again, and was once counted and swept as alive for
+    the whole sweep when its parent had gone before reaping it."""
     table = {}
     for process in proc.iterdir():
         if not process.name.isdigit():
@@ -76,6 +88,8 @@ def _parents_and_starts(proc: Path) -> dict[int, tuple[int, int]]:
         try:
             fields = (process / "stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
+            continue
+        if fields[0] in ("Z", "X"):  # stat field 3: zombie, or dead
             continue
         table[int(process.name)] = (int(fields[1]), int(fields[19]))  # stat fields 4 (ppid) and 22 (starttime)
     return table
@@ -109,7 +123,7 @@ def kill_all(
 ) -> int:
     """SIGKILL to every process of the cluster (the token's, their descendants, and those `recorded` earlier that
     still run), until none has been seen for `quiet_s`; how many were killed."""
-    killed = 0
+    killed: set[int] = set()
     started = last_seen = time.monotonic()
     while time.monotonic() - last_seen < quiet_s and time.monotonic() - started < sweep_s:
         pids = set(cluster(token)) | set(still_running(recorded or {}))
@@ -119,11 +133,11 @@ def kill_all(
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
-                killed += 1
+                killed.add(pid)
             except (ProcessLookupError, PermissionError):
                 pass
         time.sleep(0.1)
-    return killed
+    return len(killed)
 
 
 def mark() -> str:
@@ -156,10 +170,17 @@ def share_fate() -> subprocess.Popen[bytes] | None:
         stdin=subprocess.DEVNULL,
     )
     os.close(read_end)
-    # Held open for the driver's whole life, never written: its closing (the driver's exit, any exit) is the signal.
+    # Held open for the driver's whole life: its closing (the driver's exit, any exit) is the signal; ORDERLY before
+    # it says the exit is the interpreter's (atexit does not run on kill -9 or os._exit).
     os.set_inheritable(write_end, False)
     _HELD.append(write_end)
+    atexit.register(_say_orderly, write_end)
     return watchdog
+
+
+def _say_orderly(write_end: int) -> None:
+    with contextlib.suppress(OSError):  # the watchdog gone already: nothing to tell
+        os.write(write_end, ORDERLY)
 
 
 def watch(token: str, read_fd: int) -> int:
@@ -167,16 +188,36 @@ def watch(token: str, read_fd: int) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     recorded: dict[int, int] = {}
+    said = b""
     while True:
         readable, _, _ = select.select([read_fd], [], [], RECORD_S)
-        if readable and not os.read(read_fd, 4096):
-            break  # EOF: the driver is gone
+        if readable:
+            data = os.read(read_fd, 4096)
+            if not data:
+                break  # EOF: the driver is gone
+            said += data
         recorded = {**still_running(recorded), **cluster(token)}
     os.close(read_fd)
+    orderly = ORDERLY in said
+    if orderly:
+        recorded = wait_gone(token, recorded, GRACE_S)
     killed = kill_all(token, WATCHDOG_QUIET_S, WATCHDOG_SWEEP_S, recorded)
-    if killed:
+    if killed and orderly:
+        print(f"agl-trainer: stopped {killed} process(es) of the Ray cluster that outlived its shutdown by "
+              f"{GRACE_S:g} s", file=sys.stderr)  # fmt: skip
+    elif killed:
         print(f"agl-trainer: the driver is gone; stopped {killed} process(es) of its Ray cluster", file=sys.stderr)
     return 0
+
+
+def wait_gone(token: str, recorded: Mapping[int, int], grace_s: float) -> dict[int, int]:
+    """Waits up to grace_s for the cluster to end by itself; the recorded processes still running then."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = {**still_running(recorded), **cluster(token)}
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":
