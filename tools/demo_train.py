@@ -47,6 +47,16 @@ DEMO_SAVE_EVERY = 10
 GROUP_TITLE = "training (the default)"
 
 
+def lora_rank(text: str) -> int:
+    try:
+        rank = int(text)
+    except ValueError:
+        rank = -1
+    if rank < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a LoRA rank is a whole number above 0 (0: every weight trains)")
+    return rank
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(GROUP_TITLE)
     group.add_argument(
@@ -68,6 +78,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--max-operand", type=int, default=None, help="math: tasks add two numbers in 0..N (19)")
     group.add_argument("--val-every", type=int, default=20, help="held-out accuracy every N steps (0: at the end)")
+    group.add_argument(
+        "--lora",
+        type=lora_rank,
+        default=0,
+        metavar="RANK",
+        help="train a LoRA adapter of this rank (alpha 2 x rank) instead of every weight: the engine serves it, "
+        "the run ends with adapter/ (PEFT) and model/ (merged); 0: full fine-tuning",
+    )
 
 
 # -- data and model -----------------------------------------------------------------------------------------
@@ -199,6 +217,10 @@ def demo_plan(
         ],
         val_label="held-out accuracy",
         multi_turn=agent.tools is not None,
+        # model/ stays what the demo leaves (the adapter merged into the base), adapter/ comes beside it.
+        lora_rank=args.lora,
+        lora_alpha=2 * args.lora,
+        merge_adapter=args.lora > 0,
     )
 
 

@@ -10,9 +10,9 @@ So, before Ray starts, the driver marks its environment with a token every proce
 starts a watchdog holding one end of a pipe the driver keeps open. When the driver dies the pipe reads EOF and
 the watchdog kills every process of the cluster (the task runner, workers, helpers, anything they started), then
 exits. A driver that exits through the interpreter (a finished run, a health stop, Ctrl-C) first writes
-ORDERLY down the pipe: Ray's shutdown is under way, its workers leave once their raylet has, and the watchdog gives
-them GRACE_S to go by themselves before it ends what is left (said in one line only then). Without that word (kill
--9, os._exit, a crash of the interpreter) it kills at once.
+ORDERLY down the pipe: Ray's shutdown is under way and what the watchdog still finds are its workers on their way
+out, ended without a word. Without that word (kill -9, os._exit, a crash of the interpreter) the watchdog says in
+one line how many processes of the dead driver's cluster it stopped.
 
 A process of the cluster is one that carries the token, or a descendant of one. The token alone does not find
 them all: Ray's helpers name themselves with setproctitle (`ray::DashboardAgent`), which writes the title over the
@@ -49,11 +49,10 @@ WATCHDOG_QUIET_S = 3.0
 WATCHDOG_SWEEP_S = 30.0
 # How often the watchdog records the cluster while the driver lives (a /proc scan: a few ms).
 RECORD_S = 1.0
-# What a driver exiting through the interpreter writes down the pipe, and how long the cluster then has to go by
-# itself (Ray's workers leave within a second or two of their raylet; the trainer's driver, which imports no verl,
-# is out before them, and they were once taken for a dead driver's cluster and killed).
+# What a driver exiting through the interpreter writes down the pipe (the trainer's driver, which imports no verl,
+# is out before Ray's workers have left: they were reported as a dead driver's cluster, a second line of the
+# trainer's after its health stop).
 ORDERLY = b"orderly"
-GRACE_S = 5.0
 # What the watchdog keeps of the driver's environment: enough to import this module, nothing that names the run
 # (so it is not taken for one of the run's processes while it watches).
 WATCHDOG_ENV = ("PATH", "PYTHONPATH", "PYTHONHOME", "HOME", "LANG", "LC_ALL", "TMPDIR")
@@ -198,26 +197,10 @@ def watch(token: str, read_fd: int) -> int:
             said += data
         recorded = {**still_running(recorded), **cluster(token)}
     os.close(read_fd)
-    orderly = ORDERLY in said
-    if orderly:
-        recorded = wait_gone(token, recorded, GRACE_S)
     killed = kill_all(token, WATCHDOG_QUIET_S, WATCHDOG_SWEEP_S, recorded)
-    if killed and orderly:
-        print(f"agl-trainer: stopped {killed} process(es) of the Ray cluster that outlived its shutdown by "
-              f"{GRACE_S:g} s", file=sys.stderr)  # fmt: skip
-    elif killed:
+    if killed and ORDERLY not in said:
         print(f"agl-trainer: the driver is gone; stopped {killed} process(es) of its Ray cluster", file=sys.stderr)
     return 0
-
-
-def wait_gone(token: str, recorded: Mapping[int, int], grace_s: float) -> dict[int, int]:
-    """Waits up to grace_s for the cluster to end by itself; the recorded processes still running then."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        left = {**still_running(recorded), **cluster(token)}
-        if not left or time.monotonic() >= deadline:
-            return left
-        time.sleep(0.1)
 
 
 if __name__ == "__main__":

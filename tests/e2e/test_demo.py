@@ -136,6 +136,7 @@ def test_demo_stopped_with_sigterm_stops_everything_without_a_traceback(tmp_path
         (["--dataset", "mine.jsonl", "--steps", "5"], "--dataset: used by --quick only"),
         (["--agent-class", "mine:Agent", "--samples", "3"], "--agent-class, --samples: used by --quick only"),
         (["--quick", "--steps", "3", "--lr=0.1"], "--steps, --lr: training options"),
+        (["--quick", "--lora", "8"], "--lora: training options"),
     ],
 )
 def test_demo_refuses_options_its_mode_does_not_use(argv: list[str], expected: str) -> None:
@@ -146,3 +147,13 @@ def test_demo_refuses_options_its_mode_does_not_use(argv: list[str], expected: s
     assert result.returncode == 2, result.stdout + result.stderr
     assert expected in result.stderr
     assert "starting" not in result.stdout
+
+
+def test_a_negative_lora_rank_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AGL_") and key != "ENGINE_URL"}
+    argv = [sys.executable, "tools/demo.py", "--lora", "-2", "--data-dir", str(tmp_path / "data")]
+    result = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "argument --lora: '-2': a LoRA rank is a whole number above 0" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "data").exists(), "the demo started work before refusing"

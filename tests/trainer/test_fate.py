@@ -132,40 +132,36 @@ def test_a_recorded_process_is_known_by_its_start_time_not_its_pid_alone() -> No
     assert fate.still_running({sleeper.pid: started}) == {}
 
 
-# A driver that exits through the interpreter (as agl-trainer does after ray.shutdown()): one process of its cluster
-# ends by itself a moment later (a Ray worker leaving after its raylet), one never does.
-ORDERLY_DRIVER = """
-import subprocess, sys
+# A driver that exits through the interpreter (as agl-trainer does after ray.shutdown()), one process of its cluster
+# still running (a Ray worker on its way out), and one that kill -9 ends in the same state.
+LEAVING_DRIVER = """
+import os, signal, subprocess, sys
 from services.trainer.fate import share_fate
 watchdog = share_fate()
-straggler = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(1.5); open(sys.argv[1], 'w').close()",
-                              sys.argv[1]])
 lingerer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-print(watchdog.pid, straggler.pid, lingerer.pid, flush=True)
+print(watchdog.pid, lingerer.pid, flush=True)
+if sys.argv[1] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
 sys.exit(3)
 """
 
 
-def test_after_an_orderly_exit_the_cluster_has_its_grace_then_what_is_left_is_stopped(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("how", "said"), [("exit", []), ("kill", ["the driver is gone; stopped 1 process(es)"])])
+def test_what_is_left_is_stopped_and_only_a_dead_drivers_cluster_is_reported(how: str, said: list[str]) -> None:
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    finished = tmp_path / "straggler-finished"
     driver = subprocess.Popen(
-        [sys.executable, "-c", ORDERLY_DRIVER, str(finished)],
+        [sys.executable, "-c", LEAVING_DRIVER, how],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
         cwd=repo,
     )
-    # Returns once every holder of the driver's pipes is gone (the cluster's processes and the watchdog inherit them).
+    # Returns once every holder of the driver's pipes is gone (the lingerer and the watchdog inherit them).
     out, err = driver.communicate(timeout=60)
-    watchdog, straggler, lingerer = (int(p) for p in out.split())
-    assert driver.returncode == 3
-    # Not killed at once: the straggler finished by itself within the grace.
-    assert finished.exists(), "the straggler was killed before it could end by itself"
-    assert _wait_gone([straggler, lingerer, watchdog]) == []
-    lines = [line for line in err.splitlines() if line.startswith("agl-trainer:")]
-    assert lines == [
-        f"agl-trainer: stopped 1 process(es) of the Ray cluster that outlived its shutdown by {fate.GRACE_S:g} s"
-    ], err
+    watchdog, lingerer = (int(p) for p in out.split())
+    assert driver.returncode == (3 if how == "exit" else -signal.SIGKILL)
+    assert _wait_gone([lingerer, watchdog]) == []
+    lines = [line.removeprefix("agl-trainer: ") for line in err.splitlines() if line.startswith("agl-trainer:")]
+    assert [line.split(" of its")[0] for line in lines] == said, err
