@@ -96,10 +96,9 @@ def verl_runtime_env(config: Any) -> dict[str, Any]:
     return get_ppo_ray_runtime_env(config)
 
 
-def ray_init_kwargs(config: Any, ray_init: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """ray.init's arguments: `ray_init` (default the config's ray_kwargs.ray_init), its runtime_env merged over
-    verl's."""
-    kwargs = dict(OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True) if ray_init is None else ray_init)
+def ray_init_kwargs(config: Any) -> dict[str, Any]:
+    """ray.init's arguments: the config's ray_kwargs.ray_init, its runtime_env merged over verl's."""
+    kwargs = dict(OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True))
     defaults = verl_runtime_env(config)
     if config.transfer_queue.enable:
         defaults.setdefault("env_vars", {})["TRANSFER_QUEUE_ENABLE"] = "1"

@@ -38,7 +38,6 @@ class AglTaskRunner:
 
 def launch(config: Any) -> None:
     """verl's run_ppo with AglTaskRunner: ray.init (unless joined already), then the task runner's run."""
-    set_run_switches(config)
     if not ray.is_initialized():
         ray.init(**ray_init_kwargs(config))
     runner = AglTaskRunner.remote()
@@ -110,7 +109,6 @@ def join_cluster(config: Any) -> None:
     """Connects to the running cluster as verl would (its runtime env under the config's), then checks that the
     cluster can place the ranks: short of GPUs or CPUs, verl's placement group waits forever and the only sign is
     the autoscaler's log."""
-    set_run_switches(config)
     ray.init(**ray_init_kwargs(config))
     ranks = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     have = ray.cluster_resources()
@@ -169,6 +167,8 @@ def run(config: Any) -> None:
     check_engines(settings)
     if str(config.trainer.get("device", "cuda")) == "cpu":
         prepare_cpu(config, joining)
+    # Before any ray.init (joining or launching): verl's runtime env forwards what these set.
+    set_run_switches(config)
     checkpoints = config.trainer.default_local_dir
     interruption.on_signals(settings, checkpoints)
     if joining:
