@@ -132,11 +132,10 @@ def _plain(node: Any) -> Any:
 def infra_settings(agl: Any) -> InfraSettings:
     """agl.infra_failures (and agl.include_failed) -> InfraSettings; ConfigError naming the key."""
     raw = _plain(agl.get("infra_failures")) or {}
-    unknown = sorted(set(raw) - {"policy", "retry_attempts", "timeout_is_infra"})
+    known = ("policy", "retry_attempts", "timeout_is_infra", "step_redos", "redo_wait_seconds")
+    unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise ConfigError(
-            f"agl.infra_failures.{unknown[0]}: unknown key; known: policy, retry_attempts, timeout_is_infra"
-        )
+        raise ConfigError(f"agl.infra_failures.{unknown[0]}: unknown key; known: {', '.join(known)}")
     policy_name = str(raw.get("policy", Policy.DROP_ROLLOUT.value))
     try:
         policy = Policy(policy_name)
@@ -150,10 +149,18 @@ def infra_settings(agl: Any) -> InfraSettings:
     timeout_is_infra = raw.get("timeout_is_infra", False)
     if not isinstance(timeout_is_infra, bool):
         raise ConfigError(f"agl.infra_failures.timeout_is_infra={timeout_is_infra!r}: true or false")
+    redos = raw.get("step_redos", 2)
+    if isinstance(redos, bool) or not isinstance(redos, int) or not 0 <= redos <= 100:
+        raise ConfigError(f"agl.infra_failures.step_redos={redos!r}: an integer from 0 (the run stops) to 100")
+    wait_s = raw.get("redo_wait_seconds", 600)
+    if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not 0 < wait_s <= 86400:
+        raise ConfigError(f"agl.infra_failures.redo_wait_seconds={wait_s!r}: seconds, above 0 and at most 86400")
     return InfraSettings(
         policy=policy,
         timeout_is_infra=timeout_is_infra,
         retry_attempts=attempts,
+        step_redos=redos,
+        redo_wait_s=float(wait_s),
         include_failed=bool(agl.get("include_failed", True)),
     )
 

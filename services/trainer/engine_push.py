@@ -225,3 +225,41 @@ async def while_catching_up(
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+
+
+async def until_one_serves(
+    ledger: LedgerClient,
+    model_name: str,
+    weights: Weights | Path,
+    version: int,
+    *,
+    timeout_s: float,
+    interval_s: float = 2.0,
+) -> float:
+    """Waits until an engine of the model serves the weights of `version` (before any push: until one answers),
+    catching up those that restarted meanwhile; the seconds it took. EnginePushError when none does in `timeout_s`.
+
+    What a step that lost all its rollouts to the infrastructure waits for before it runs again: running it while
+    every engine is still away would lose it once more."""
+    weights = weights if isinstance(weights, Weights) else Weights(weights)
+    started = time.monotonic()
+    last = "no engine is registered"
+    while True:
+        try:
+            endpoints = await ledger.list_models(model_name)
+            if endpoints:
+                await catch_up(ledger, model_name, weights, version, endpoints, unreadable_level=logging.DEBUG)
+                serving = await asyncio.gather(*(_serves(e.endpoint, model_name, weights, version, logging.DEBUG)
+                                                 for e in endpoints))  # fmt: skip
+                pushed_yet = version > 0 and weights.written(version)
+                if any(s if pushed_yet else s is not None for s in serving):
+                    return time.monotonic() - started
+                last = f"{len(endpoints)} registered, none serving weights v{version}"
+        except Exception as err:  # the ledger away, an engine still loading: the next round tries again
+            last = str(err)
+        if time.monotonic() - started >= timeout_s:
+            raise EnginePushError(
+                f"no engine of model {model_name!r} served weights v{version} within {timeout_s:g}s ({last})",
+                unreachable=True,
+            )
+        await asyncio.sleep(interval_s)

@@ -11,6 +11,11 @@ Such rollouts are retried first (the ledger's retry policy on every rollout the 
 - `drop_group`: its whole group is left out.
 - `score`: kept with the fill value, the old behaviour (for comparisons only).
 
+A step in which every consumed rollout failed for such a reason has nothing to train on: it runs again on the same
+tasks (`step_redos` times at most; with external engines once one serves the current weights again, within
+`redo_wait_s`) rather than stopping the run, and the lost tries are counted (`agl/step/redone`,
+`agl/step/lost_rollouts`).
+
 Agent failures (a non-zero exit, an exception in the agent, a failed Job) stay the agent's score, or are skipped
 when `include_failed` is false. Every outcome is counted by reason.
 
@@ -56,6 +61,12 @@ class InfraSettings:
     retry_attempts: int = 2
     # Agent-failed rollouts still train (their calls; the fill value when they posted no reward).
     include_failed: bool = True
+    # A step whose every consumed rollout failed for the infrastructure (an engine restart that outlasted the agents'
+    # own retries, a controller away for the whole step) runs its tasks again, at most this many times, before the
+    # run stops on it; with external engines, once one of them serves the current weights again.
+    step_redos: int = 2
+    # How long a redo waits for that engine before the run stops.
+    redo_wait_s: float = 600.0
 
     @property
     def reasons(self) -> tuple[str, ...]:
@@ -80,6 +91,12 @@ class Selection:
 
 def is_infra_failure(trace: RolloutTrace, settings: InfraSettings) -> bool:
     return not trace.succeeded and trace.failure_reason in settings.reasons
+
+
+def wholly_lost(traces: Sequence[RolloutTrace], settings: InfraSettings) -> bool:
+    """Whether a step's every consumed rollout failed for the infrastructure: it says nothing of the policy, and the
+    step is run again on its tasks (InfraSettings.step_redos) instead of stopping the run."""
+    return bool(traces) and all(is_infra_failure(t, settings) for t in traces)
 
 
 def select(traces: Sequence[RolloutTrace], settings: InfraSettings, group_size: int) -> Selection:

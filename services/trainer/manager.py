@@ -154,6 +154,13 @@ class RolloutManager:
         self.feed.start()
         await self._delete_pending()
 
+    def sample_of(self, data_id: str) -> Sample:
+        """The run's task with this data id (what a step lost to the infrastructure runs again)."""
+        try:
+            return self._samples[data_id]
+        except KeyError:
+            raise KeyError(f"task {data_id!r} is not among the run's training tasks") from None
+
     def snapshot(self, path: Path, step: int) -> None:
         """Saves the state as of the checkpoint of `step` (written before the checkpoint is declared whole)."""
         save_state(path, replace(self.state, checkpoint_step=step))
@@ -329,13 +336,17 @@ class RolloutManager:
         self._track(record)
         return specs
 
-    async def _enqueue(self, step: int, samples: Iterator[Sample]) -> tuple[list[str] | None, int]:
-        """Creates this step's groups; returns the groups to wait for (None: async) and the rollouts created."""
+    async def _enqueue(self, step: int, samples: Iterator[Sample], redo: int = 0) -> tuple[list[str] | None, int]:
+        """Creates this step's groups; returns the groups to wait for (None: async) and the rollouts created.
+
+        redo: how many times the step's rollouts were all lost and are run again; in sync mode each try takes slots
+        of its own (the earlier try's rollouts may still be kept in the ledger under theirs)."""
         specs: list[rollout_pb2.RolloutSpec] = []
         wanted: list[str] | None = None
         if self.settings.mode == "sync":
             wanted = []
-            for slot in range(self.settings.train_batch_size):
+            first = redo * self.settings.train_batch_size
+            for slot in range(first, first + self.settings.train_batch_size):
                 sample = next(samples, None)
                 if sample is None:
                     break
@@ -408,11 +419,11 @@ class RolloutManager:
         finally:
             bar.close()
 
-    async def collect(self, step: int, samples: Iterator[Sample]) -> StepResult:
-        """Runs the rollout phase of one training step."""
+    async def collect(self, step: int, samples: Iterator[Sample], redo: int = 0) -> StepResult:
+        """Runs the rollout phase of one training step (redo: see _enqueue)."""
         started = time.monotonic()
         await self._delete_pending()
-        wanted, created = await self._enqueue(step, samples)
+        wanted, created = await self._enqueue(step, samples, redo)
         chosen = await self._wait(wanted, f"step {step} rollouts")
         waited = time.monotonic() - started
         result = await self._consume(step, chosen)

@@ -24,6 +24,7 @@ import logging
 import random
 import time
 from collections.abc import Iterator
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +51,20 @@ from .config import TrainerSettings
 from .correction import apply_rollout_correction
 from .datasets import TaskLoader
 from .drain import DrainResult, HttpProxyDrainer, ProxyDrainer
-from .engine_push import Weights, catch_up, push_weights, registered_endpoints, while_catching_up
+from .engine_push import (
+    Weights,
+    catch_up,
+    push_weights,
+    registered_endpoints,
+    until_one_serves,
+    while_catching_up,
+)
 from .guardrails import Guardrails, HealthStop, all_failed_line
 from .hooks import load_hooks
-from .infra_policy import select
+from .infra_policy import select, wholly_lost
 from .loop_thread import LoopThread
 from .loss import apply_row_weights
-from .manager import RolloutManager
+from .manager import RolloutManager, StepResult
 from .rewind import SNAPSHOT_FILE
 from .row_records import ROW_APPEND_BYTES, event_chunks, flags_by_rollout, row_events, row_records
 from .specs import Sample
@@ -336,10 +344,45 @@ class AglPPOTrainer(RayPPOTrainer):
         self._record_rows(metrics, timing)
         return batch
 
+    def _collect(self, samples: Iterator[Sample], metrics: dict[str, Any]) -> StepResult:
+        """The step's rollouts. A step whose every rollout was lost to the infrastructure (an engine restart that
+        outlasted the agents' own retries) has nothing to train on: its tasks run again, once an engine serves the
+        current weights, up to agl.infra_failures.step_redos times; what it lost is in the trajectory log as "lost"
+        and counted. Still lost after that, the run stops on it (all_failed_line)."""
+        step = self.global_steps
+        result = self._during_rollouts(self.manager.collect(step, samples))
+        redos = lost = 0
+        while wholly_lost(result.traces, self.agl.infra) and redos < self.agl.infra.step_redos:
+            redos += 1
+            lost += len(result.traces)
+            first = result.traces[0]
+            if self.trajectories is not None:
+                self.trajectories.write(step, result.traces, kind="lost")
+            log.warning(
+                "step %d: all %d rollouts were lost to the infrastructure (first: rollout %s, %s: %s); running its "
+                "tasks again (%d of at most %d)", step, len(result.traces), first.rollout_id, first.failure_reason,
+                first.error_message or "no error message recorded", redos, self.agl.infra.step_redos,
+            )  # fmt: skip
+            if self.agl.external_engines:
+                waited = self.loop.run(
+                    until_one_serves(
+                        self.ledger, self.agl.model_name, self._weights(), self.weights_version,
+                        timeout_s=self.agl.infra.redo_wait_s, interval_s=max(self.agl.engine_check_s, 0.5),
+                    )
+                )  # fmt: skip
+                log.info("step %d: an engine serves weights v%d again after %.1fs", step, self.weights_version, waited)
+            # The lost groups' own tasks, in the order they were consumed (async mode: they may be older than
+            # this step); in sync mode they are the step's whole batch, so nothing new is drawn.
+            tasks = [self.manager.sample_of(data_id) for data_id in dict.fromkeys(t.data_id for t in result.traces)]
+            result = self._during_rollouts(self.manager.collect(step, chain(tasks, samples), redo=redos))
+        metrics["agl/step/redone"] = float(redos)
+        metrics["agl/step/lost_rollouts"] = float(lost)
+        return result
+
     def _train_step_body(self, samples: Iterator[Sample], metrics: dict[str, Any], timing: dict[str, float]) -> Any:
         with marked_timer("gen", timing):
             self._register()
-            result = self._during_rollouts(self.manager.collect(self.global_steps, samples))
+            result = self._collect(samples, metrics)
         metrics.update(result.metrics)
         metrics["agl/push/caught_up_engines"] = float(self._caught_up)
         step = self.global_steps

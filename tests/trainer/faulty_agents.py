@@ -6,13 +6,15 @@ then raises: a non-zero exit, the agent's own failure), `kill` / `kill_once` (as
 task's `"faults"` folder and waits there for the test's fault injector, which SIGKILLs it from outside, as the OOM
 killer would; an agent it spares posts its reward), `bad_tool_call` (offers a calculator tool with too few tokens to
 write the call out: the engine cannot parse the cut-off call), `template_break` (asks twice, the second time with its
-first answer rewritten in the history: not a pure append, as a template that drops reasoning would do).
+first answer rewritten in the history: not a pure append, as a template that drops reasoning would do). A task's
+`"lost_groups"` (rollout id prefixes) kills its rollouts of those groups by a signal, whatever the mode.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -69,6 +71,11 @@ def _wait_for_the_injector(faults: Path) -> None:
 class FaultyAgent:
     def run(self) -> None:
         task = json.loads(os.environ.get("AGL_TASK", "{}"))
+        rollout = os.environ["AGL_OPENAI_BASE_URL"].split("/rollout/", 1)[1].split("/")[0]
+        if any(rollout.startswith(prefix) for prefix in task.get("lost_groups", [])):
+            # Whatever its mode: its process dies by a signal on every attempt, as under an engine host lost for the
+            # whole step (the controller reports KILLED).
+            os.kill(os.getpid(), signal.SIGKILL)
         mode = task.get("mode", "ok")
         question = task.get("q", "?")
         if mode == "no_call":

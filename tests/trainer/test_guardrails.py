@@ -131,6 +131,8 @@ def test_config_keys_reach_the_settings() -> None:
             "agl.infra_failures.policy=drop_group",
             "agl.infra_failures.retry_attempts=3",
             "agl.infra_failures.timeout_is_infra=true",
+            "agl.infra_failures.step_redos=0",
+            "agl.infra_failures.redo_wait_seconds=12.5",
             "agl.include_failed=false",
             "+agl.health.limits.rollouts_without_calls.stop=0.9",
             "agl.health.rollouts_named=2",
@@ -140,6 +142,7 @@ def test_config_keys_reach_the_settings() -> None:
     assert settings.health_min_count == 3
     assert settings.infra.policy is Policy.DROP_GROUP and settings.infra.timeout_is_infra
     assert not settings.infra.include_failed
+    assert settings.infra.step_redos == 0 and settings.infra.redo_wait_s == 12.5
     assert settings.health_limits["rollouts_without_calls"] == Limit(0.1, 0.9)
     assert settings.health_rollouts_named == 2
     retry = settings.manager.launch.to_proto().retry
@@ -147,6 +150,7 @@ def test_config_keys_reach_the_settings() -> None:
     assert {r for r in retry.retry_on} == {2, 3, 4, 5, 6, 8}  # KILLED TIMEOUT LAUNCH_ERROR LOST LAUNCHER_DIED SHUTDOWN
     default = settings_from_config(compose_cfg())
     assert default.manager.launch.to_proto().retry.max_attempts == 2
+    assert default.infra.step_redos == 2 and default.infra.redo_wait_s == 600.0
     assert 3 not in default.manager.launch.to_proto().retry.retry_on  # a timeout is the agent's by default
     single = settings_from_config(compose_cfg("agl.infra_failures.retry_attempts=1"))
     assert not single.manager.launch.to_proto().HasField("retry")
@@ -160,6 +164,10 @@ def test_config_keys_reach_the_settings() -> None:
         ("agl.infra_failures.retry_attempts=0", "agl.infra_failures.retry_attempts=0: an integer from 1"),
         ("agl.infra_failures.timeout_is_infra=maybe", "agl.infra_failures.timeout_is_infra='maybe': true or false"),
         ("+agl.infra_failures.max_retries=3", "agl.infra_failures.max_retries: unknown key"),
+        ("agl.infra_failures.step_redos=-1", "agl.infra_failures.step_redos=-1: an integer from 0 (the run stops)"),
+        ("agl.infra_failures.step_redos=1.5", "agl.infra_failures.step_redos=1.5: an integer from 0"),
+        ("agl.infra_failures.redo_wait_seconds=0", "agl.infra_failures.redo_wait_seconds=0: seconds, above 0"),
+        ("agl.infra_failures.redo_wait_seconds=soon", "agl.infra_failures.redo_wait_seconds='soon': seconds"),
         ("+agl.health.limits.no_calls.stop=0.5", "agl.health.limits.no_calls: not a health metric"),
         ("+agl.health.limits.failed_calls.warn=0.9", "agl.health.limits.failed_calls: warn=0.9 above stop=0.5"),
         ("agl.health.rollouts_named=0", "agl.health.rollouts_named=0: an integer >= 1"),

@@ -8,7 +8,7 @@ import pytest
 
 from services.trainer.adapter import DataPathSettings, build_rows
 from services.trainer.advantage import rollout_advantages
-from services.trainer.infra_policy import InfraSettings, Policy, select
+from services.trainer.infra_policy import InfraSettings, Policy, select, wholly_lost
 from services.trainer.triplets import RolloutTrace, Triplet
 
 
@@ -147,3 +147,15 @@ def test_an_agent_that_failed_on_its_engines_failure_is_an_infrastructure_failur
     assert [t.rollout_id for t in selection.kept] == ["a0", "a1", "a2"] and selection.dropped == ["a3"]
     assert selection.metrics["agl/infra/engine_failed"] == 1.0
     assert "ENGINE_FAILED" in InfraSettings().reasons and "ENGINE_FAILED" not in InfraSettings().retried_reasons
+
+
+def test_a_step_is_wholly_lost_only_when_every_rollout_failed_for_the_infrastructure() -> None:
+    lost = [trace("a0", "a", 0.0, reason="KILLED"), trace("b0", "b", 0.0, reason="ENGINE_FAILED")]
+    assert wholly_lost(lost, InfraSettings())
+    # One agent failure, one success, a timeout (the agent's by default) or nothing consumed: not lost.
+    assert not wholly_lost([*lost, trace("c0", "c", 0.0, reason="EXIT_CODE")], InfraSettings())
+    assert not wholly_lost([*lost, trace("c0", "c", 1.0)], InfraSettings())
+    timed_out = [*lost, trace("c0", "c", 0.0, reason="TIMEOUT")]
+    assert not wholly_lost(timed_out, InfraSettings())
+    assert wholly_lost(timed_out, InfraSettings(timeout_is_infra=True))
+    assert not wholly_lost([], InfraSettings())

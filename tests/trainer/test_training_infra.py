@@ -1,7 +1,9 @@
 """Infrastructure failures kept out of the advantage in the real trainer: `agl-trainer placement=cpu` against the real
 ledger, proxy and controller and the session's CPU engine, while the test's fault injector SIGKILLs agents from
 outside. One group's agents are killed on their first attempt only (the ledger retries them, they train), another's
-on every attempt (left out with their group, counted as KILLED), the third is clean; the step trains on the rest."""
+on every attempt (left out with their group, counted as KILLED), the third is clean; the step trains on the rest.
+The second step loses every rollout of its first try to the infrastructure (each agent dies by a signal on both
+attempts): the trainer runs its tasks again rather than stopping, and the redo trains as the first step did."""
 
 from __future__ import annotations
 
@@ -47,26 +49,43 @@ def test_killed_rollouts_are_retried_then_left_out_of_their_group(
     faults = tmp_path / "faults"
     faults.mkdir()
     modes = ["kill_once", "kill", "ok"]
+    lost = [f"{run_id}-s2-g{slot}-" for slot in range(3)]  # step 2's first try
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(
-        "".join(json.dumps({"id": f"t{i}", "q": f"task {i}", "mode": m, "faults": str(faults)}) + "\n"
-                for i, m in enumerate(modes))
+        "".join(json.dumps({"id": f"t{i}", "q": f"task {i}", "mode": m, "faults": str(faults), "lost_groups": lost})
+                + "\n" for i, m in enumerate(modes))
     )  # fmt: skip
     out = stack.root / run_id
     out.mkdir()
     argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}"]
-    argv += trainer_overrides(cpu_engine, run_id, tasks, out, steps=1, lr=1e-3, agent=AGENT, tasks_per_step=3)
+    argv += trainer_overrides(cpu_engine, run_id, tasks, out, steps=2, lr=1e-3, agent=AGENT, tasks_per_step=3)
     argv += ["agl.infra_failures.retry_attempts=2", "agl.infra_failures.policy=drop_rollout"]
     env = local_stack.child_environment({"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")})
     cpu_engine.restore_base_weights()
-    kill_once = {f"{run_id}-s1-g0-r{k}" for k in range(4)}
+    # Step 2's redo takes the slots after the first try's: 3 (kill_once), 4 (kill), 5 (ok).
+    kill_once = {f"{run_id}-s{s}-g{g}-r{k}" for s, g in ((1, 0), (2, 3)) for k in range(4)}
     code, output, killed = asyncio.run(train_with_faults(argv, env, faults, kill_once))
     run = TrainerRun.read(code, output, out)
     assert run.returncode == 0, run.output[-5000:]
-    # Group 0 killed once each (4), group 1 killed on both attempts (8).
-    assert sorted(killed) == sorted([*kill_once, *[f"{run_id}-s1-g1-r{k}" for k in range(4)] * 2])
+    # Group 0 (3 in the redo) killed once each (4), group 1 (4) killed on both attempts (8); the lost try's agents
+    # died by their own signal, not the injector's.
+    always = [f"{run_id}-s{s}-g{g}-r{k}" for s, g in ((1, 1), (2, 4)) for k in range(4)]
+    assert sorted(killed) == sorted([*kill_once, *always * 2])
+    assert "step 2: all 12 rollouts were lost to the infrastructure" in run.output
+    assert run.step(1)["agl/step/redone"] == 0.0 and run.step(1)["agl/step/lost_rollouts"] == 0.0
+    assert run.step(2)["agl/step/redone"] == 1.0 and run.step(2)["agl/step/lost_rollouts"] == 12.0
 
     step = run.step(1)
+    for redone in (run.step(2),):  # the redo trains as the first step did
+        for name in ("agl/rollout/failed", "agl/rollout/succeeded", "agl/infra/killed", "agl/infra/dropped_rollouts",
+                     "agl/infra/dropped_groups", "agl/infra/retried_attempts", "agl/data/rollouts_trained"):
+            assert redone[name] == step[name], name
+    # The lost try is in the trajectory log as such, each rollout killed on both of its attempts; nothing of it
+    # trained.
+    records = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    lost_records = [r for r in records if r.get("kind") == "lost"]
+    assert sorted(r["rollout_id"] for r in lost_records) == sorted(f"{p}r{k}" for p in lost for k in range(4))
+    assert {(r["step"], r["failure_reason"]) for r in lost_records} == {(2, "KILLED")}
     assert step["agl/rollout/failed"] == 4.0 and step["agl/rollout/succeeded"] == 8.0
     assert step["agl/infra/killed"] == 4.0 and step["agl/infra/lost"] == 0.0
     assert step["agl/infra/dropped_rollouts"] == 4.0 and step["agl/infra/dropped_groups"] == 1.0
