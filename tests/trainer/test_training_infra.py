@@ -77,8 +77,15 @@ def test_killed_rollouts_are_retried_then_left_out_of_their_group(
 
     step = run.step(1)
     for redone in (run.step(2),):  # the redo trains as the first step did
-        for name in ("agl/rollout/failed", "agl/rollout/succeeded", "agl/infra/killed", "agl/infra/dropped_rollouts",
-                     "agl/infra/dropped_groups", "agl/infra/retried_attempts", "agl/data/rollouts_trained"):
+        for name in (
+            "agl/rollout/failed",
+            "agl/rollout/succeeded",
+            "agl/infra/killed",
+            "agl/infra/dropped_rollouts",
+            "agl/infra/dropped_groups",
+            "agl/infra/retried_attempts",
+            "agl/data/rollouts_trained",
+        ):
             assert redone[name] == step[name], name
     # The lost try is in the trajectory log as such, each rollout killed on both of its attempts; nothing of it
     # trained.
