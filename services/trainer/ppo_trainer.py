@@ -403,7 +403,8 @@ class AglPPOTrainer(RayPPOTrainer):
             self.trajectories.write(step, result.traces, kind="train")
         stop = all_failed_line(step, result.traces, self.agl.infra.reasons)
         if stop is not None:
-            raise HealthStop(stop)
+            redos = int(metrics["agl/step/redone"])
+            raise HealthStop(f"{stop} (its tasks were run {redos} more time(s))" if redos else stop)
         warnings = self.guard.enforce(step, step_health, (*health.TRACE_NAMES, *health.GROUP_NAMES))
         metrics["agl/health/warnings"] = float(warnings)
         # Always: in async mode calls are in flight; in sync mode a late call must not reach a sleeping replica
