@@ -59,14 +59,27 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-dir", type=Path, default=REPO / "data" / "bench")
     parser.add_argument("--output-dir", type=Path, default=REPO / "data" / "bench" / "faults")
     parser.add_argument("--skip-clean", action="store_true", help="the faulted arm only")
+    parser.add_argument("--kinds", default=",".join(sorted(set(KILLS))),
+                        help="what may be killed, comma-separated (default: all); the schedule draws from KILLS' "
+                        "entries of these kinds")  # fmt: skip
+    # An engine away longer than the agents' own retries (~130 s of 503s with the OpenAI SDK's) loses every rollout
+    # of its step to the infrastructure: the trainer runs that step again (agl.infra_failures.step_redos).
+    parser.add_argument("--engine-down-seconds", type=float, default=1.0,
+                        help="seconds a killed engine stays down before it is started again")  # fmt: skip
     # The demo's agents time out after 60 s; the CPU engine takes 40-70 s to start again here, and a rollout in
     # flight when it dies waits for it (in the proxy, then in its SDK's retries). With 60 s every rollout of that
     # step timed out and the run stopped ("every rollout failed").
     parser.add_argument("--rollout-timeout", type=int, default=300, help="seconds a rollout may take (both arms)")
     parser.set_defaults(steps=40, val_every=20)
     args = parser.parse_args(argv)
-    if not 0 <= args.kills <= len(KILLS):
-        parser.error(f"--kills: from 0 to {len(KILLS)}")
+    kinds = set(args.kinds.split(","))
+    if not kinds <= set(KILLS):
+        parser.error(f"--kinds: among {', '.join(sorted(set(KILLS)))}")
+    args.kills_drawn_from = tuple(k for k in KILLS if k in kinds)
+    if not 0 <= args.kills <= len(args.kills_drawn_from):
+        parser.error(f"--kills: from 0 to {len(args.kills_drawn_from)} (KILLS' entries of --kinds)")
+    if args.engine_down_seconds < 0:
+        parser.error("--engine-down-seconds: 0 or more")
     if args.kills and args.steps < args.kills + 4:
         parser.error(f"--steps: at least {args.kills + 4} for {args.kills} kills (one a step, none in the last 3)")
     return args
@@ -76,7 +89,7 @@ def schedule(args: argparse.Namespace) -> list[tuple[int, str, float]]:
     """(step, what, delay): after step `step` is on record, wait `delay` s (into the next step), then kill."""
     rng = random.Random(args.seed)
     steps = sorted(rng.sample(range(1, args.steps - 2), args.kills))
-    kinds = rng.sample(KILLS, len(KILLS))[: args.kills]
+    kinds = rng.sample(args.kills_drawn_from, len(args.kills_drawn_from))[: args.kills]
     return [(step, kind, round(rng.uniform(0.0, 2.0), 2)) for step, kind in zip(steps, kinds, strict=True)]
 
 
@@ -128,7 +141,7 @@ def wait_for_step(metrics: Path, step: int, trainer: TrainerCommand, timeout_s: 
         time.sleep(0.1)
 
 
-def inject(kind: str, stack: Stack, trainer: TrainerCommand, metrics: Path, step: int) -> float:
+def inject(kind: str, stack: Stack, trainer: TrainerCommand, metrics: Path, step: int, engine_down_s: float) -> float:
     """One kill and the restart; the seconds the fault cost until the killed part served (or trained) again."""
     killed = time.monotonic()
     if kind == "trainer":
@@ -137,7 +150,8 @@ def inject(kind: str, stack: Stack, trainer: TrainerCommand, metrics: Path, step
         wait_for_step(metrics, step + 1, trainer)
         return time.monotonic() - killed
     health = 300.0 if kind == "engine" else 60.0
-    away = local_stack.kill_and_restart(stack.services, kind, down_s=1.0, health_timeout_s=health)
+    down = engine_down_s if kind == "engine" else 1.0
+    away = local_stack.kill_and_restart(stack.services, kind, down_s=down, health_timeout_s=health)
     if kind == "engine":  # back, then given the current weights by the trainer: the next step on record
         wait_for_step(metrics, step + 1, trainer)
         return time.monotonic() - killed
@@ -177,7 +191,7 @@ def arm(args: argparse.Namespace, name: str, faults: list[tuple[int, str, float]
             for step, kind, delay in faults:
                 wait_for_step(metrics, step, trainer)
                 time.sleep(delay)
-                cost = inject(kind, stack, trainer, metrics, step)
+                cost = inject(kind, stack, trainer, metrics, step, args.engine_down_seconds)
                 costs.append({"after_step": step, "killed": kind, "seconds": round(cost, 1)})
                 print(f"{name}: kill -9 of the {kind} after step {step} (+{delay}s): {cost:.1f}s", flush=True)
             assert trainer.proc is not None
@@ -212,8 +226,12 @@ def figures(out_dir: Path, records: list[dict[str, Any]], steps: int) -> dict[st
         "consumed_twice": sum(n > 1 for n in per_rollout.values()),
         "lost_rewards": sum(1 for r in trained if r["succeeded"] and r["reward_missing"]),
         "reward_mean_last_10": round(
-            sum(by_step[s].get("agl/reward/mean", 0.0) for s in range(steps - 9, steps + 1)) / 10, 4
+            sum(by_step[s].get("agl/reward/mean", 0.0) for s in range(max(1, steps - 9), steps + 1)) / min(10, steps),
+            4,
         ),
+        # Steps whose rollouts were all lost to the infrastructure and run again, and how many rollouts they lost.
+        "redone_steps": {s: int(d["agl/step/redone"]) for s, d in sorted(by_step.items()) if d.get("agl/step/redone")},
+        "lost_rollouts": int(sum(d.get("agl/step/lost_rollouts", 0) for d in by_step.values())),
     }
 
 
