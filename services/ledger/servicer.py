@@ -334,7 +334,12 @@ class LedgerServicer:
     @rpc
     async def SetProxyPause(self, request: pb.SetProxyPauseRequest, context: Any) -> pb.SetProxyPauseResponse:
         control = await self.ledger.set_proxy_pause(
-            request.paused, request.retry_after_seconds, request.reason, request.owner, request.lease_seconds
+            request.paused,
+            request.retry_after_seconds,
+            request.reason,
+            request.owner,
+            request.lease_seconds,
+            request.model_name,
         )
         return pb.SetProxyPauseResponse(control=control)
 
@@ -343,7 +348,12 @@ class LedgerServicer:
         self, request: pb.ReportProxyReplicaRequest, context: Any
     ) -> pb.ReportProxyReplicaResponse:
         control = self.ledger.report_proxy_replica(
-            request.replica_id, request.in_flight, request.observed_generation, request.ttl_seconds, request.leaving
+            request.replica_id,
+            request.in_flight,
+            request.observed_generation,
+            request.ttl_seconds,
+            request.leaving,
+            request.model_in_flight,
         )
         return pb.ReportProxyReplicaResponse(control=control)
 
