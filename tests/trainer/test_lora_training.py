@@ -11,6 +11,7 @@ stack is the CPU training tests' (tests/trainer/cpu_stack.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import time
 from collections.abc import Iterator
@@ -197,20 +198,21 @@ def test_two_runs_train_their_own_adapters_on_one_engine_and_proxy(
     asyncio.run(register_b())
     lora_engine.restore_base_weights()
     env = local_stack.child_environment({"AGL_ENGINE_API_KEY": ENGINE_KEY})
-    started: dict[str, tuple[subprocess.Popen, Path]] = {}
-    for run_id, model in names.items():
-        out = stack.root / run_id
-        out.mkdir()
-        argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}"]
-        argv += trainer_overrides(lora_engine, run_id, tasks, out, steps=2, lr=1e-2, model=model)
-        argv += [*LORA, "agl.async_training.pause_scope=model", "agl.retention.keep_steps=-1"]
-        log = (out / "trainer.log").open("w")
-        env_run = {**env, "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")}
-        started[run_id] = (subprocess.Popen(argv, env=env_run, stdout=log, stderr=subprocess.STDOUT), out)
     runs: dict[str, TrainerRun] = {}
-    for run_id, (process, out) in started.items():
-        code = process.wait(timeout=900)
-        runs[run_id] = TrainerRun.read(code, (out / "trainer.log").read_text(), out)
+    with contextlib.ExitStack() as logs:
+        started: dict[str, tuple[subprocess.Popen, Path]] = {}
+        for run_id, model in names.items():
+            out = stack.root / run_id
+            out.mkdir()
+            argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}"]
+            argv += trainer_overrides(lora_engine, run_id, tasks, out, steps=2, lr=1e-2, model=model)
+            argv += [*LORA, "agl.async_training.pause_scope=model", "agl.retention.keep_steps=-1"]
+            log = logs.enter_context((out / "trainer.log").open("w"))
+            env_run = {**env, "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")}
+            started[run_id] = (subprocess.Popen(argv, env=env_run, stdout=log, stderr=subprocess.STDOUT), out)
+        for run_id, (process, out) in started.items():
+            code = process.wait(timeout=900)
+            runs[run_id] = TrainerRun.read(code, (out / "trainer.log").read_text(), out)
     for run_id, run in runs.items():
         assert run.returncode == 0, (run_id, run.output[-5000:])
         for n in (1, 2):
