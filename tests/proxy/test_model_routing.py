@@ -16,7 +16,8 @@ import pytest
 
 from services._gen.agl.v1 import model_pb2, rollout_pb2
 from services.client import LedgerClient
-from services.proxy.model_routes import MODEL_LABEL
+from services.proxy.model_routes import MODEL_LABEL, ModelRoutes
+from services.proxy.routing import Endpoint
 from tests.support.procs import ServiceProcess
 
 from .conftest import AUTH, MODEL, Http, base_url, run_proxy, run_standin
@@ -84,6 +85,23 @@ def admin(proxy: Http, path: str, body: dict) -> dict:
     reply = httpx.post(f"{proxy.url}/admin/{path}", json=body, headers=AUTH, timeout=30)
     reply.raise_for_status()
     return reply.json()
+
+
+def test_each_model_keeps_its_own_table_and_holds() -> None:
+    routes = ModelRoutes("own")
+    shared = "http://shared/v1"
+    routes.update([("a", Endpoint(shared, 1)), ("b", Endpoint(shared, 3)), ("b", Endpoint("http://old/v1", 2))], 7)
+    assert [t.model_name for t in routes.tables] == ["own", "a", "b"] and routes.revision == 7
+    assert routes.table().endpoints == () and routes.table("nobody").ranked("ro") == []
+    assert routes.table("b").ranked("ro") == [Endpoint(shared, 3)]  # its own newest version, not a's
+    assert routes.table("b").hold(shared, "adapter missing")
+    assert routes.table("a").ranked("ro") == [Endpoint(shared, 1)] and routes.count() == (3, 1, 1)
+    routes.update([("a", Endpoint(shared, 2)), ("b", Endpoint(shared, 4))], 8)  # b's hold outlives its push
+    assert routes.table("b").held == {shared: "adapter missing"} and routes.table("a").ranked("ro") == [
+        Endpoint(shared, 2)
+    ]
+    routes.update([("a", Endpoint(shared, 2))], 9)
+    assert [t.model_name for t in routes.tables] == ["own", "a"] and routes.table("b").held == {}
 
 
 async def test_each_rollout_is_served_by_its_own_runs_model_and_a_pause_of_one_run_holds_only_its_calls(
