@@ -109,8 +109,12 @@ class ProxyControlState:
         return renewal
 
     def _replace_model_pauses(self, pauses: Iterable[proxy_control_pb2.ModelPause], bump: bool) -> None:
+        kept = []
+        for pause in sorted(pauses, key=lambda p: p.model_name):  # copied out before the field is cleared
+            kept.append(proxy_control_pb2.ModelPause())
+            kept[-1].CopyFrom(pause)
         del self.control.model_pauses[:]
-        self.control.model_pauses.extend(sorted(pauses, key=lambda p: p.model_name))
+        self.control.model_pauses.extend(kept)
         if bump:
             self.control.generation += 1
         self.changes.bump()
@@ -155,15 +159,16 @@ class ProxyControlState:
         expired = {name for name, left in self._model_leases_left_s().items() if left == 0.0}
         if not expired:
             return
-        gone = [p for p in self.control.model_pauses if p.model_name in expired]
+        lifted = [
+            f"pause of model {p.model_name} lifted by the ledger: {p.owner} did not renew it by "
+            f"{p.lease_expire_time.ToJsonString()} (it paused for: {p.reason or 'no reason given'})"
+            for p in self.control.model_pauses
+            if p.model_name in expired
+        ]
         self._replace_model_pauses([p for p in self.control.model_pauses if p.model_name not in expired], bump=True)
-        for pause in gone:
-            lifted = (
-                f"pause of model {pause.model_name} lifted by the ledger: {pause.owner} did not renew it by "
-                f"{pause.lease_expire_time.ToJsonString()} (it paused for: {pause.reason or 'no reason given'})"
-            )
+        for reason in lifted:
             if self.on_lifted is not None:
-                self.on_lifted(lifted)
+                self.on_lifted(reason)
 
     def report(
         self,
