@@ -9,7 +9,8 @@ labelled with its run's model and the proxy routes it there.
 
 Per run, from its own step metrics: held-out greedy accuracy before and after (val/agl/reward_mean), the largest
 engine/trainer log-prob gap over its steps (agl/push/logprob_diff_max; the target: below 1e-4 for both), the median
-step time; and from the ledger, the models and versions that answered the run's last step's calls (its own only).
+step time; and from the ledger, the models and versions that answered the calls of the run's last step (its
+training rollouts, served by the previous version, and its held-out ones, by the last): its own model only.
 
     .venv/bin/python bench/lora_two_runs_bench.py [the demo's options: --steps 60 --lora 8 --tasks-per-step 16 ...]
 """
@@ -72,7 +73,7 @@ def trainer_argv(args: argparse.Namespace, run_id: str, model: str, out: Path, s
 
 
 async def answered(stack: cpu_stack.Stack, run_id: str, step: int) -> list[tuple[str, int]]:
-    """(model, version) of every recorded call of the run's training rollouts of `step`."""
+    """(model, version) of every recorded call of the run's rollouts labelled with `step` (training and held-out)."""
     async with stack.client() as client:
         rollouts = await client.list_rollouts(labels={"agl_run": run_id, "agl_step": str(step)})
         pairs = set()
