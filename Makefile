@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: multinode-test demo test check protos check-protos lint format docs docs-tables install install-dev engine-venv agl1-venv venvs bench clean
+.PHONY: multinode-test two-runs-test demo test check protos check-protos lint format docs docs-tables install install-dev engine-venv agl1-venv venvs bench clean
 
 # The installer. uv (pinned, put in a venv of its own, .venv-uv, from PyPI on first use) resolves and downloads in
 # parallel and hardlinks every venv's files from one cache the venvs share, so a wheel two venvs need is fetched
@@ -128,6 +128,10 @@ demo:
 # The two-node Ray simulation (tools/multinode_sim.py), out of the default run for CI's time budget.
 multinode-test: venvs
 	$(PY) -m pytest tests/trainer/test_multinode.py -m multinode
+
+# Two LoRA trainer runs at once on one CPU engine (issue 32), out of the default run for CI's time budget.
+two-runs-test: venvs
+	$(PY) -m pytest tests/trainer/test_lora_training.py -m two_runs
 
 # --durations: CI's log names the slowest tests (its 90-minute limit is the budget they share).
 test: venvs

@@ -35,15 +35,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     proxy = sub.add_parser("proxy", help="pause, resume or drain every proxy replica, or show their state")
     actions = proxy.add_subparsers(dest="action", metavar="ACTION", required=True)
+    model = {"default": "", "help": "only the calls routed to this model (a run's model name)"}
     p = actions.add_parser("pause", help="new model calls get 429 with Retry-After")
+    p.add_argument("--model", **model)
     p.add_argument("--reason", default="paused with agl")
     p.add_argument("--retry-after", type=int, default=5, help="seconds agents are told to wait")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=proxy_pause)
     p = actions.add_parser("resume", help="accept model calls again")
+    p.add_argument("--model", **model)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=proxy_resume)
     p = actions.add_parser("drain", help="pause, then wait until no replica has a call in flight")
+    p.add_argument("--model", **model)
     p.add_argument("--reason", default="drained with agl")
     p.add_argument("--retry-after", type=int, default=5)
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the drain (exit 5 after)")
@@ -101,13 +105,18 @@ async def models_rm(client: LedgerClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def drained(control: proxy_control_pb2.ProxyControl) -> bool:
-    return all(r.observed_generation >= control.generation and r.in_flight == 0 for r in control.replicas)
+def drained(control: proxy_control_pb2.ProxyControl, model: str = "") -> bool:
+    """Every replica applied the control's generation and has no call in flight (routed to `model`, if named)."""
+    return all(
+        r.observed_generation >= control.generation and (r.model_in_flight.get(model, 0) if model else r.in_flight) == 0
+        for r in control.replicas
+    )
 
 
-def _print_control(control: proxy_control_pb2.ProxyControl, as_json: bool) -> None:
+def _print_control(control: proxy_control_pb2.ProxyControl, as_json: bool, model: str = "") -> None:
     if as_json:
-        print(render.dumps({"control": render.as_dict(control), "drained": control.paused and drained(control)}))
+        paused = any(p.model_name == model for p in control.model_pauses) if model else control.paused
+        print(render.dumps({"control": render.as_dict(control), "drained": paused and drained(control, model)}))
         return
     state = "paused" if control.paused else "serving"
     print(
@@ -124,6 +133,12 @@ def _print_control(control: proxy_control_pb2.ProxyControl, as_json: bool) -> No
         )
         for r in control.replicas
     ]
+    for pause in control.model_pauses:
+        print(
+            f"model {pause.model_name} paused  retry-after {pause.retry_after_seconds}s"
+            + (f"  by {pause.owner}" if pause.owner else "")
+            + (f"  reason: {pause.reason}" if pause.reason else "")
+        )
     if rows:
         print(render.table(("REPLICA", "IN FLIGHT", "APPLIED", "REPORTED"), rows))
     else:
@@ -133,12 +148,13 @@ def _print_control(control: proxy_control_pb2.ProxyControl, as_json: bool) -> No
 async def proxy_pause(client: LedgerClient, args: argparse.Namespace) -> int:
     if args.retry_after < 0:
         raise CliError("--retry-after must not be negative", USAGE)
-    _print_control(await client.set_proxy_pause(True, args.retry_after, args.reason), args.json)
+    control = await client.set_proxy_pause(True, args.retry_after, args.reason, model_name=args.model)
+    _print_control(control, args.json, args.model)
     return 0
 
 
 async def proxy_resume(client: LedgerClient, args: argparse.Namespace) -> int:
-    _print_control(await client.set_proxy_pause(False), args.json)
+    _print_control(await client.set_proxy_pause(False, model_name=args.model), args.json)
     return 0
 
 
@@ -150,18 +166,18 @@ async def proxy_state(client: LedgerClient, args: argparse.Namespace) -> int:
 async def proxy_drain(client: LedgerClient, args: argparse.Namespace) -> int:
     if args.wait < 0:
         raise CliError("--wait must not be negative", USAGE)
-    control = await client.set_proxy_pause(True, args.retry_after, args.reason)
+    control = await client.set_proxy_pause(True, args.retry_after, args.reason, model_name=args.model)
     generation = control.generation
 
     async def settled() -> proxy_control_pb2.ProxyControl:
         async with contextlib.aclosing(client.watch_proxy_control()) as stream:
             async for current in stream:
-                if current.generation >= generation and drained(current):
+                if current.generation >= generation and drained(current, args.model):
                     return current
         raise CliError("the proxy-control stream ended")
 
     try:
-        control = control if drained(control) else await asyncio.wait_for(settled(), args.wait)
+        control = control if drained(control, args.model) else await asyncio.wait_for(settled(), args.wait)
     except asyncio.TimeoutError:
         raise CliError(
             f"proxies paused but not drained after {args.wait:g}s (calls still in flight); they stay paused",
@@ -169,5 +185,5 @@ async def proxy_drain(client: LedgerClient, args: argparse.Namespace) -> int:
         ) from None
     if not args.json:
         print(f"drained: {len(control.replicas)} replicas paused with nothing in flight", file=sys.stderr)
-    _print_control(control, args.json)
+    _print_control(control, args.json, args.model)
     return 0

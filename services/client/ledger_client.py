@@ -445,14 +445,22 @@ class LedgerClient(RunMethods):
     # -- proxy control --------------------------------------------------------------------------------------
 
     async def set_proxy_pause(
-        self, paused: bool, retry_after_seconds: int = 5, reason: str = "", owner: str = "", lease_seconds: float = 0.0
+        self,
+        paused: bool,
+        retry_after_seconds: int = 5,
+        reason: str = "",
+        owner: str = "",
+        lease_seconds: float = 0.0,
+        model_name: str = "",
     ) -> proxy_control_pb2.ProxyControl:
+        """Pauses or resumes every proxy call, or with `model_name` only the calls routed to that model."""
         request = ledger_service_pb2.SetProxyPauseRequest(
             paused=paused,
             retry_after_seconds=retry_after_seconds,
             reason=reason,
             owner=owner,
             lease_seconds=lease_seconds,
+            model_name=model_name,
         )
         return (await self._unary("SetProxyPause", request)).control
 
@@ -464,6 +472,7 @@ class LedgerClient(RunMethods):
         ttl_seconds: float = 15.0,
         leaving: bool = False,
         timeout_s: float | None = None,
+        model_in_flight: Mapping[str, int] | None = None,
     ) -> proxy_control_pb2.ProxyControl:
         request = ledger_service_pb2.ReportProxyReplicaRequest(
             replica_id=replica_id,
@@ -471,6 +480,7 @@ class LedgerClient(RunMethods):
             observed_generation=observed_generation,
             ttl_seconds=ttl_seconds,
             leaving=leaving,
+            model_in_flight=model_in_flight or {},
         )
         return (await self._unary("ReportProxyReplica", request, timeout_s)).control
 

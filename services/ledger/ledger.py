@@ -552,17 +552,24 @@ class Ledger:
 
     # -- proxy control ---------------------------------------------------------------------------------------------
 
-    async def set_proxy_pause(
-        self, paused: bool, retry_after_seconds: int, reason: str, owner: str = "", lease_seconds: float = 0.0
-    ) -> proxy_control_pb2.ProxyControl:
-        renewal = self.proxy.set_pause(paused, retry_after_seconds, reason, time.time_ns(), owner, lease_seconds)
+    async def set_proxy_pause(self, request: ledger_service_pb2.SetProxyPauseRequest) -> proxy_control_pb2.ProxyControl:
+        paused, owner, lease_seconds, model_name = (
+            request.paused,
+            request.owner,
+            request.lease_seconds,
+            request.model_name,
+        )
+        renewal = self.proxy.set_pause(
+            paused, request.retry_after_seconds, request.reason, time.time_ns(), owner, lease_seconds, model_name
+        )
         await self.durable(self._write([(PUT_META, META_PROXY_CONTROL, self.proxy.persisted())]))
         if renewal:
             log.debug("proxy pause renewed by %s for %gs", owner, lease_seconds)
         else:
             held = f" by {owner}" + (f" (lease {lease_seconds:g}s)" if lease_seconds else "") if owner else ""
+            held = (f" for model {model_name}" if model_name else "") + held
             log.info("proxies %s%s (generation %d)%s", "paused" if paused else "resumed", held,
-                     self.proxy.control.generation, f": {reason}" if reason else "")  # fmt: skip
+                     self.proxy.control.generation, f": {request.reason}" if request.reason else "")  # fmt: skip
         return self.proxy.snapshot()
 
     def _pause_lifted(self, reason: str) -> None:
@@ -571,9 +578,17 @@ class Ledger:
         log.warning("proxies resumed (generation %d): %s", self.proxy.control.generation, reason)
 
     def report_proxy_replica(
-        self, replica_id: str, in_flight: int, observed_generation: int, ttl_seconds: float, leaving: bool
+        self, request: ledger_service_pb2.ReportProxyReplicaRequest
     ) -> proxy_control_pb2.ProxyControl:
-        self.proxy.report(replica_id, in_flight, observed_generation, ttl_seconds, leaving, time.time_ns())
+        self.proxy.report(
+            request.replica_id,
+            request.in_flight,
+            request.observed_generation,
+            request.ttl_seconds,
+            request.leaving,
+            time.time_ns(),
+            request.model_in_flight,
+        )
         return self.proxy.snapshot()
 
     # -- controller leases -----------------------------------------------------------------------------------------

@@ -333,18 +333,14 @@ class LedgerServicer:
 
     @rpc
     async def SetProxyPause(self, request: pb.SetProxyPauseRequest, context: Any) -> pb.SetProxyPauseResponse:
-        control = await self.ledger.set_proxy_pause(
-            request.paused, request.retry_after_seconds, request.reason, request.owner, request.lease_seconds
-        )
+        control = await self.ledger.set_proxy_pause(request)
         return pb.SetProxyPauseResponse(control=control)
 
     @rpc
     async def ReportProxyReplica(
         self, request: pb.ReportProxyReplicaRequest, context: Any
     ) -> pb.ReportProxyReplicaResponse:
-        control = self.ledger.report_proxy_replica(
-            request.replica_id, request.in_flight, request.observed_generation, request.ttl_seconds, request.leaving
-        )
+        control = self.ledger.report_proxy_replica(request)
         return pb.ReportProxyReplicaResponse(control=control)
 
     @rpc

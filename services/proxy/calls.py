@@ -26,10 +26,11 @@ from .engine_check import not_current_error
 from .errors import ProxyError
 from .gateway import LedgerGateway
 from .metrics import ProxyMetrics
+from .model_routes import ModelRoutes
 from .recording import ERROR, INCOMPLETE, OK, CallRecord, model_request_event
 from .request_limits import RequestLimits
 from .rewrite import CHAT, RewriteSettings, dumps, loads_lenient, parse_body, rewrite, validate
-from .routing import Endpoint, RoutingTable
+from .routing import Endpoint
 from .sse import DONE, SSESplitter
 from .token_continuation import Continued, TokenContinuation, stream_chunks
 from .tool_calls import missing_parser_message, offered_tool_names, tool_call_stats
@@ -61,6 +62,8 @@ class _Call:
     offered_tools: frozenset[str] | None = None
     # A train chat call: its tokens are remembered, so that the rollout's next turn can continue them.
     continued: bool = False
+    # The model it is routed to: its rollout's label, else the proxy's own.
+    model: str = ""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -83,7 +86,7 @@ class ModelCalls:
         settings: RewriteSettings,
         gateway: LedgerGateway,
         coordinator: Coordinator,
-        routing: RoutingTable,
+        routing: ModelRoutes,
         upstream: Upstream,
         metrics: ProxyMetrics,
         continuation: TokenContinuation | None = None,
@@ -122,14 +125,16 @@ class ModelCalls:
             validate(body, CHAT)
         self.coordinator.enter()
         handed_over = False
+        entered: str | None = None  # the model whose count the call is in
         try:
-            await self.gateway.check_rollout(rollout_id, attempt_id)
-            endpoints = self.routing.ranked(rollout_id)
-            if not endpoints and not self.routing.endpoints:
-                raise ProxyError(
-                    "no_endpoint", f"No engine endpoint is registered for model {self.settings.model_name}."
-                )
-            upstream_body = rewrite(body, engine_api, mode, self.settings)
+            model = await self.gateway.check_rollout(rollout_id, attempt_id) or self.settings.model_name
+            self.coordinator.enter_model(model)
+            entered = model
+            table = self.routing.table(model)
+            endpoints = table.ranked(rollout_id)
+            if not endpoints and not table.endpoints:
+                raise ProxyError("no_endpoint", f"No engine endpoint is registered for model {model}.")
+            upstream_body = rewrite(body, engine_api, mode, self.settings, model)
             request_bytes = dumps(upstream_body, "The request body")
             stream = bool(upstream_body.get("stream"))
             call = _Call(
@@ -137,6 +142,7 @@ class ModelCalls:
                 offered_tool_names(upstream_body),
                 continued=self.continuation is not None and mode == "train" and engine_api == CHAT
                 and upstream_body.get("n") in (None, 1),
+                model=model,
             )  # fmt: skip
             deadline = call.started + self.engine_wait_s
             if not endpoints:
@@ -151,7 +157,7 @@ class ModelCalls:
             )
             # No engine took the connection (nothing was generated): within the wait, the call goes again once one
             # is routable; the checker holds the dead one back meanwhile.
-            while _unreachable(result) and time.perf_counter() < deadline and not self.coordinator.paused:
+            while _unreachable(result) and time.perf_counter() < deadline and not self.coordinator.paused_for(model):
                 if self.on_unreachable is not None:
                     self.on_unreachable()
                 await asyncio.sleep(_REROUTE_PAUSE_S)
@@ -174,7 +180,7 @@ class ModelCalls:
                 translator = None if dialect is None else dialect.stream(agent_body)
                 return StreamSession(self, call, response, result.endpoint, result.retries, translator)
             content = response.content
-            capture, status = Capture(model=self.settings.model_name), ERROR
+            capture, status = Capture(model=model), ERROR
             if response.status_code < 300:
                 try:
                     capture, status = capture_response(loads_lenient(content), engine_api), OK
@@ -200,19 +206,20 @@ class ModelCalls:
             return Reply(response.status_code, content, headers)
         finally:
             if not handed_over:
-                self.coordinator.leave()
+                self.coordinator.leave(entered)
 
     async def _routable(self, call: _Call, deadline: float) -> list[Endpoint]:
         """The call's ranking once an engine is routable, waiting until `deadline` (or a pause) at most; then a
         recorded 503 `engine_not_current` (so the rollout shows why its agent failed)."""
         while True:
-            endpoints = self.routing.ranked(call.rollout_id)
+            table = self.routing.table(call.model)
+            endpoints = table.ranked(call.rollout_id)
             if endpoints:
                 return endpoints
-            if time.perf_counter() >= deadline or self.coordinator.paused:
+            if time.perf_counter() >= deadline or self.coordinator.paused_for(call.model):
                 break
             await asyncio.sleep(_WAIT_POLL_S)
-        error = not_current_error(self.settings.model_name, self.routing.held)
+        error = not_current_error(call.model, table.held)
         await self.record(call, Endpoint(""), 0, error.status, json.dumps(error.body()), ERROR)
         raise error
 
@@ -267,7 +274,7 @@ class ModelCalls:
             stream=call.stream,
             request_json=call.request_json,
             response_json=response_json,
-            capture=capture or Capture(model=self.settings.model_name),
+            capture=capture or Capture(model=call.model or self.settings.model_name),
             endpoint=endpoint.url,
             model_version=endpoint.version,
             latency_s=latency,
@@ -399,7 +406,7 @@ class StreamSession:
             return
         finally:
             await close_response(self._response)
-            self._calls.coordinator.leave()
+            self._calls.coordinator.leave(self._call.model)
         if failure is not None:
             log.warning("rollout %s: engine stream failed: %s", self._call.rollout_id, failure)
             err = ProxyError("upstream_unreachable", f"The engine stream failed: {failure}")

@@ -8,6 +8,11 @@ Correctness of drain: a call counts itself in flight *before* it looks at the pa
 generation before it reports that generation. So once every live replica has reported the paused generation with
 zero calls in flight, no call is running and none can start. A replica that dies stops reporting and drops out of
 the live set after its TTL.
+
+A pause may name one model (the ledger's model_pauses): it refuses only the calls routed to that model, and a drain
+of that model waits only for them. A call counts itself twice: in the replica's total as it arrives (before the
+proxy-wide flag is read), and in its model's count once its rollout says which model (before that model's flag is
+read), so the same argument holds per model.
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ class Coordinator:
         self.retry_after = 5
         self.reason = ""
         self.generation = 0
+        self.model_in_flight: dict[str, int] = {}
+        self.model_pauses: dict[str, proxy_control_pb2.ModelPause] = {}
         self.synced = asyncio.Event()
         self._report_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -78,22 +85,56 @@ class Coordinator:
             message = "The proxy is paused" + (f" ({self.reason})" if self.reason else "") + "; retry later."
             raise ProxyError("paused", message, headers={"Retry-After": str(self.retry_after)})
 
-    def leave(self) -> None:
+    def enter_model(self, model: str) -> None:
+        """Counts an entered call in for the model it is routed to, or refuses it with 429 while that model is
+        paused (the caller leaves with the model only once this returned)."""
+        self.model_in_flight[model] = self.model_in_flight.get(model, 0) + 1
+        pause = self.model_pauses.get(model)
+        if pause is not None:
+            self._leave_model(model)
+            message = f"Model {model} is paused" + (f" ({pause.reason})" if pause.reason else "") + "; retry later."
+            raise ProxyError("paused", message, headers={"Retry-After": str(pause.retry_after_seconds or 5)})
+
+    def leave(self, model: str | None = None) -> None:
+        """Counts a call out (of its model's count too, when it was counted in there)."""
         self.in_flight -= 1
+        if model is not None:
+            self._leave_model(model)
         if self.paused and self.in_flight == 0:
             self._report_now.set()
+
+    def _leave_model(self, model: str) -> None:
+        left = self.model_in_flight[model] - 1
+        if left:
+            self.model_in_flight[model] = left
+            return
+        del self.model_in_flight[model]
+        if model in self.model_pauses:
+            self._report_now.set()
+
+    def paused_for(self, model: str) -> bool:
+        """Whether calls routed to `model` are refused now (every call, or that model's)."""
+        return self.paused or model in self.model_pauses
+
+    def _is_paused(self, model: str) -> bool:
+        return model in self.model_pauses if model else self.paused
 
     def apply(self, control: proxy_control_pb2.ProxyControl) -> None:
         if control.generation < self.generation:
             return
         if control.generation != self.generation:
+            models = ", ".join(
+                f"{p.model_name} ({p.reason})" if p.reason else p.model_name for p in control.model_pauses
+            )
             log.info(
-                "proxy control generation %d: %s%s",
+                "proxy control generation %d: %s%s%s",
                 control.generation,
                 "paused" if control.paused else "running",
                 f" ({control.reason})" if control.reason else "",
+                f"; models paused: {models}" if models else "",
             )
             self._report_now.set()
+        self.model_pauses = {p.model_name: p for p in control.model_pauses}
         self.paused = control.paused
         self.retry_after = control.retry_after_seconds or 5
         self.reason = control.reason
@@ -130,7 +171,12 @@ class Coordinator:
         while True:
             try:
                 control = await self.client.report_proxy_replica(
-                    self.replica_id, self.in_flight, self.generation, self.ttl_s, timeout_s=self.report_timeout_s
+                    self.replica_id,
+                    self.in_flight,
+                    self.generation,
+                    self.ttl_s,
+                    timeout_s=self.report_timeout_s,
+                    model_in_flight=dict(self.model_in_flight),
                 )
                 self.readiness.succeeded()
                 self.apply(control)
@@ -160,15 +206,21 @@ class Coordinator:
         except grpc.aio.AioRpcError as err:
             raise ledger_error(err.code().name, err.details() or "", what) from None
 
-    async def pause(self, retry_after_s: int, reason: str, owner: str = "", lease_s: float = 0.0) -> dict[str, Any]:
-        """Pause every replica; an owner with a lease renews its own pause and is lifted when it stops renewing."""
-        call = self.client.set_proxy_pause(True, retry_after_s, reason, owner=owner, lease_seconds=lease_s)
+    async def pause(
+        self, retry_after_s: int, reason: str, owner: str = "", lease_s: float = 0.0, model: str = ""
+    ) -> dict[str, Any]:
+        """Pause every replica (every call, or only `model`'s); an owner with a lease renews its own pause and is
+        lifted when it stops renewing."""
+        call = self.client.set_proxy_pause(
+            True, retry_after_s, reason, owner=owner, lease_seconds=lease_s, model_name=model
+        )
         control = await self._ledger("SetProxyPause", call)
         self.apply(control)
         return self.describe(control)
 
-    async def resume(self) -> dict[str, Any]:
-        control = await self._ledger("SetProxyPause", self.client.set_proxy_pause(False, self.retry_after, ""))
+    async def resume(self, model: str = "") -> dict[str, Any]:
+        call = self.client.set_proxy_pause(False, self.retry_after, "", model_name=model)
+        control = await self._ledger("SetProxyPause", call)
         self.apply(control)
         return self.describe(control)
 
@@ -176,19 +228,25 @@ class Coordinator:
         return self.describe(await self._ledger("GetProxyControl", self.client.get_proxy_control()))
 
     async def drain(
-        self, timeout_s: float, retry_after_s: int, reason: str, owner: str = "", lease_s: float = 0.0
+        self, timeout_s: float, retry_after_s: int, reason: str, owner: str = "", lease_s: float = 0.0, model: str = ""
     ) -> dict[str, Any]:
-        """Pauses (if not paused yet, or as `owner`) and waits until no replica has a call in flight, or the
-        timeout."""
+        """Pauses (if not paused yet, or as `owner`) and waits until no replica has a call in flight (routed to
+        `model`, when named), or the timeout."""
         started = time.monotonic()
-        if not self.paused or owner:
-            await self.pause(retry_after_s, reason or "draining", owner, lease_s)
+        if not self._is_paused(model) or owner:
+            await self.pause(retry_after_s, reason or "draining", owner, lease_s, model)
         while True:
             control = await self._ledger("GetProxyControl", self.client.get_proxy_control())
-            busy = [r for r in control.replicas if r.observed_generation < control.generation or r.in_flight > 0]
+            busy = [
+                r
+                for r in control.replicas
+                if r.observed_generation < control.generation
+                or (r.model_in_flight.get(model, 0) if model else r.in_flight) > 0
+            ]
+            paused = any(p.model_name == model for p in control.model_pauses) if model else control.paused
             waited = time.monotonic() - started
-            if not control.paused or not busy or waited >= timeout_s:
-                drained = control.paused and not busy
+            if not paused or not busy or waited >= timeout_s:
+                drained = paused and not busy
                 result = self.describe(control)
                 result.update(drained=drained, waited_seconds=round(waited, 3))
                 log.info("drain %s after %.3fs", "complete" if drained else "incomplete", waited)
@@ -198,8 +256,17 @@ class Coordinator:
     @staticmethod
     def describe(control: proxy_control_pb2.ProxyControl) -> dict[str, Any]:
         replicas = [
-            {"replica_id": r.replica_id, "in_flight": r.in_flight, "observed_generation": r.observed_generation}
+            {
+                "replica_id": r.replica_id,
+                "in_flight": r.in_flight,
+                "observed_generation": r.observed_generation,
+                "model_in_flight": dict(r.model_in_flight),
+            }
             for r in control.replicas
+        ]
+        model_pauses = [
+            {"model": p.model_name, "reason": p.reason, "owner": p.owner, "retry_after_seconds": p.retry_after_seconds}
+            for p in control.model_pauses
         ]
         return {
             "paused": control.paused,
@@ -208,4 +275,5 @@ class Coordinator:
             "generation": control.generation,
             "in_flight": sum(r["in_flight"] for r in replicas),
             "replicas": replicas,
+            "model_pauses": model_pauses,
         }

@@ -10,7 +10,9 @@ held back (routing.py) until it agrees again (the trainer catches a restarted en
 services/trainer/engine_push.py). An endpoint registered without a label (by hand, verl's own replicas) is held
 back only while it refuses connections. A slow answer (a busy engine) changes nothing. A LoRA run's endpoint is
 registered with its adapter's directory as the label (`adapter:<dir>`): its engine's `GET /v1/models` says which
-directory the adapter of the model's name was loaded from (none after a restart).
+directory the adapter of the model's name was loaded from (none after a restart). Every model's table is checked
+(model_routes.py): an engine serving two runs' adapters is read once for each, and held back for one run while
+its adapter for that run is missing, without holding back the other's.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import httpx
 from services.engine.control import ADAPTER_LABEL, served_adapter_label
 
 from .errors import ProxyError
-from .routing import Endpoint, RoutingTable
+from .model_routes import ModelRoutes
+from .routing import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +86,7 @@ class EngineChecker:
 
     def __init__(
         self,
-        routing: RoutingTable,
+        routing: ModelRoutes,
         interval_s: float,
         *,
         api_key: str | None = None,
@@ -103,20 +106,22 @@ class EngineChecker:
         self._wake.set()
 
     async def check(self) -> None:
-        endpoints = self.routing.endpoints
-        model = self.routing.model_name
-        states = await asyncio.gather(*(probe(self._client, e, self.timeout_s, model) for e in endpoints))
+        pairs = [(table, e) for table in self.routing.tables for e in table.endpoints]
+        states = await asyncio.gather(*(probe(self._client, e, self.timeout_s, t.model_name) for t, e in pairs))
         changed = False
-        for endpoint, state in zip(endpoints, states, strict=True):
-            if state is True and self.routing.release(endpoint.url):
+        for (table, endpoint), state in zip(pairs, states, strict=True):
+            if state is True and table.release(endpoint.url):
                 changed = True
-                log.info("engine %s serves what it is registered with again: routed to", endpoint.url)
-            elif isinstance(state, str) and self.routing.hold(endpoint.url, state):
+                log.info(
+                    "engine %s serves what model %s is registered with again: routed to", endpoint.url, table.model_name
+                )
+            elif isinstance(state, str) and table.hold(endpoint.url, state):
                 changed = True
                 # Another label than its base one: a push between its reload and its registration, not a restart.
                 restarted = f"{BASE_LABEL!r}," in state or f"'{ADAPTER_LABEL}none'," in state
                 pushing = not state.startswith(UNREACHABLE) and not restarted
-                log.log(logging.INFO if pushing else logging.WARNING, "engine %s held back: %s", endpoint.url, state)
+                level = logging.INFO if pushing else logging.WARNING
+                log.log(level, "engine %s held back for model %s: %s", endpoint.url, table.model_name, state)
         if changed and self.on_change is not None:
             self.on_change()
 

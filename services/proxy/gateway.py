@@ -29,7 +29,8 @@ from services.client import LedgerClient
 from services.printable import printable
 
 from .errors import ProxyError, ledger_error
-from .routing import Endpoint, RoutingTable
+from .model_routes import ModelRoutes, rollout_model
+from .routing import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -58,47 +59,48 @@ class LedgerGateway:
         self.client = client
         self._append_timeout = append_timeout_s
         self._ttl = cache_ttl_s
-        # rollout id -> (state, attempt id, checked at)
-        self._states: OrderedDict[str, tuple[int, str, float]] = OrderedDict()
-        self._pending: dict[str, asyncio.Future[tuple[int, str]]] = {}
+        # rollout id -> (state, attempt id, checked at, the model its label names)
+        self._states: OrderedDict[str, tuple[int, str, float, str]] = OrderedDict()
+        self._pending: dict[str, asyncio.Future[tuple[int, str, str]]] = {}
 
     # -- rollouts ---------------------------------------------------------------------------------------------
 
-    async def check_rollout(self, rollout_id: str, attempt_id: str) -> None:
+    async def check_rollout(self, rollout_id: str, attempt_id: str) -> str:
         """Raises 404 for an unknown rollout or an attempt other than the rollout's, 409 for a finished rollout, 503
-        when the ledger cannot say."""
-        state, attempt = await self._state(rollout_id)
+        when the ledger cannot say. Returns the model the rollout's label names ("": none, the proxy's own)."""
+        state, attempt, model = await self._state(rollout_id)
         if state in _TERMINAL:
             raise _finished(rollout_id)
         if attempt != attempt_id:
             # The cached entry may predate the attempt (the rollout was seen queuing): ask the ledger once more.
-            state, attempt = await self._state(rollout_id, fresh=True)
+            state, attempt, model = await self._state(rollout_id, fresh=True)
             if state in _TERMINAL:
                 raise _finished(rollout_id)
             if attempt != attempt_id:
                 raise ProxyError(
                     "rollout_not_found", f"Rollout {rollout_id} has no attempt {attempt_id} (its attempt is {attempt})."
                 )
+        return model
 
     async def v1_attempt(self, rollout_id: str) -> str:
         """The attempt Agent Lightning v1.0's constant attempt "0" names on this rollout (for master-key callers):
         an attempt that is literally "0" (claimed by v1.0's controller), else the rollout's current attempt, else
         none ("": the ledger files the event under the rollout's latest attempt, or under no attempt while the
         rollout has never been claimed). 404 for an unknown rollout."""
-        _, attempt = await self._state(rollout_id)
+        _, attempt, _ = await self._state(rollout_id)
         if attempt == V1_ATTEMPT:
             return attempt
-        _, attempt = await self._state(rollout_id, fresh=True)  # the cache may predate a claim
+        _, attempt, _ = await self._state(rollout_id, fresh=True)  # the cache may predate a claim
         return attempt
 
-    async def _state(self, rollout_id: str, fresh: bool = False) -> tuple[int, str]:
+    async def _state(self, rollout_id: str, fresh: bool = False) -> tuple[int, str, str]:
         cached = self._states.get(rollout_id)
         if cached is not None and not fresh and (cached[0] in _TERMINAL or time.monotonic() - cached[2] < self._ttl):
-            return cached[0], cached[1]
+            return cached[0], cached[1], cached[3]
         pending = self._pending.get(rollout_id)
         if pending is not None:
             return await asyncio.shield(pending)
-        future: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[tuple[int, str, str]] = asyncio.get_running_loop().create_future()
         self._pending[rollout_id] = future
         try:
             rollout = await _translated("GetRollout", self.client.get_rollout(rollout_id))
@@ -114,12 +116,13 @@ class LedgerGateway:
         finally:
             del self._pending[rollout_id]
         state, attempt = rollout.status.state, rollout.status.attempt_id
-        self._remember(rollout_id, state, attempt)
-        future.set_result((state, attempt))
-        return state, attempt
+        model = rollout_model(rollout.metadata.labels)
+        self._remember(rollout_id, state, attempt, model)
+        future.set_result((state, attempt, model))
+        return state, attempt, model
 
-    def _remember(self, rollout_id: str, state: int, attempt_id: str) -> None:
-        self._states[rollout_id] = (state, attempt_id, time.monotonic())
+    def _remember(self, rollout_id: str, state: int, attempt_id: str, model: str = "") -> None:
+        self._states[rollout_id] = (state, attempt_id, time.monotonic(), model)
         self._states.move_to_end(rollout_id)
         while len(self._states) > _CACHE_SIZE:
             self._states.popitem(last=False)
@@ -172,27 +175,29 @@ class LedgerGateway:
 
     # -- models -----------------------------------------------------------------------------------------------
 
-    async def follow_models(self, table: RoutingTable, on_change: Callable[[], None]) -> None:
-        """Keeps the routing table equal to the registry's endpoint set for its model (runs until cancelled)."""
-        async for message in self.client.watch_models(table.model_name):
-            endpoints = [
-                Endpoint(url=e.endpoint, version=e.version, weight_label=e.weight_label)
-                for e in message.endpoints
-                if e.model_name == table.model_name
-            ]
-            table.update(endpoints, message.revision)
-            on_change()
-            log.info(
-                "model %s: %d endpoint(s) at revision %d: %s",
-                table.model_name,
-                len(endpoints),
+    async def follow_models(self, routes: ModelRoutes, on_change: Callable[[], None]) -> None:
+        """Keeps every model's routing table equal to the registry's endpoint set (runs until cancelled)."""
+        async for message in self.client.watch_models():
+            routes.update(
+                (
+                    (e.model_name, Endpoint(url=e.endpoint, version=e.version, weight_label=e.weight_label))
+                    for e in message.endpoints
+                ),
                 message.revision,
-                printable(", ".join(f"{e.url}@v{e.version}" for e in table.endpoints)) or "none",
             )
-            if table.stale:
-                log.warning(
-                    "model %s: %s held back from routing until they serve the current version v%d",
-                    table.model_name,
-                    printable(", ".join(f"{e.url}@v{e.version}" for e in table.stale)),
-                    max(e.version for e in table.endpoints),
+            on_change()
+            for table in routes.tables:
+                log.info(
+                    "model %s: %d endpoint(s) at revision %d: %s",
+                    printable(table.model_name),
+                    len(table.endpoints),
+                    message.revision,
+                    printable(", ".join(f"{e.url}@v{e.version}" for e in table.endpoints)) or "none",
                 )
+                if table.stale:
+                    log.warning(
+                        "model %s: %s held back from routing until they serve the current version v%d",
+                        printable(table.model_name),
+                        printable(", ".join(f"{e.url}@v{e.version}" for e in table.stale)),
+                        max(e.version for e in table.endpoints),
+                    )

@@ -109,10 +109,10 @@ TRAIN_SAMPLING = {
 }
 
 
-def rewrite(body: dict[str, Any], api: str, mode: str, settings: RewriteSettings) -> dict[str, Any]:
-    """The body to send upstream (a new dict; `body` is left as it is)."""
+def rewrite(body: dict[str, Any], api: str, mode: str, settings: RewriteSettings, model: str = "") -> dict[str, Any]:
+    """The body to send upstream (a new dict; `body` is left as it is), for `model` (the proxy's own when "")."""
     out = dict(body)
-    out["model"] = settings.model_name
+    out["model"] = model or settings.model_name
     temperature = settings.train_temperature if mode == "train" else settings.val_temperature
     if temperature is not None:
         out["temperature"] = temperature

@@ -1,5 +1,6 @@
 """The operator's routes: pause, resume, drain and read the pause state of every replica (through the ledger,
-coordination.py). Master key only; errors OpenAI-shaped like the proxy's own."""
+coordination.py). Master key only; errors OpenAI-shaped like the proxy's own. A body naming a `model` pauses,
+resumes or drains only the calls routed to that model."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class PauseTerms:
     reason: str
     owner: str  # who holds the pause ("" for nobody in particular); the ledger checks it goes with a lease
     lease_s: float  # 0: held until resumed
+    model: str = ""  # only the calls routed to this model ("": every call)
 
 
 async def _admin_body(request: Request) -> dict[str, Any]:
@@ -51,6 +53,13 @@ def _number(body: dict[str, Any], name: str, default: int, most: int) -> float:
     return value
 
 
+def _model(body: dict[str, Any]) -> str:
+    model = body.get("model", "")
+    if not isinstance(model, str) or len(model) > _MAX_OWNER:
+        raise ProxyError("invalid_request", f"`model` must be a string of at most {_MAX_OWNER} characters.")
+    return model
+
+
 def pause_terms(body: dict[str, Any]) -> PauseTerms:
     """The terms of a pause from an admin body, each field checked (400 `invalid_request` naming it)."""
     retry_after = int(_number(body, "retry_after_seconds", 5, _MAX_RETRY_AFTER_S))
@@ -58,18 +67,20 @@ def pause_terms(body: dict[str, Any]) -> PauseTerms:
     if not isinstance(owner, str) or len(owner) > _MAX_OWNER:
         raise ProxyError("invalid_request", f"`owner` must be a string of at most {_MAX_OWNER} characters.")
     lease = float(_number(body, "lease_seconds", 0, _MAX_LEASE_S))
-    return PauseTerms(retry_after, str(body.get("reason", "")), owner, lease)
+    return PauseTerms(retry_after, str(body.get("reason", "")), owner, lease, _model(body))
 
 
 async def pause(request: Request) -> Response:
     terms = pause_terms(await _admin_body(request))
     coordinator = runtime_of(request).coordinator
-    return JSONResponse(await coordinator.pause(terms.retry_after_s, terms.reason, terms.owner, terms.lease_s))
+    return JSONResponse(
+        await coordinator.pause(terms.retry_after_s, terms.reason, terms.owner, terms.lease_s, terms.model)
+    )
 
 
 async def resume(request: Request) -> Response:
-    await _admin_body(request)
-    return JSONResponse(await runtime_of(request).coordinator.resume())
+    model = _model(await _admin_body(request))
+    return JSONResponse(await runtime_of(request).coordinator.resume(model))
 
 
 async def state(request: Request) -> Response:
@@ -84,7 +95,9 @@ async def drain(request: Request) -> Response:
         raise ProxyError("invalid_request", "`timeout_seconds` must be a non-negative number.")
     terms = pause_terms(body)
     coordinator = runtime_of(request).coordinator
-    result = await coordinator.drain(float(timeout), terms.retry_after_s, terms.reason, terms.owner, terms.lease_s)
+    result = await coordinator.drain(
+        float(timeout), terms.retry_after_s, terms.reason, terms.owner, terms.lease_s, terms.model
+    )
     return JSONResponse(result)
 
 

@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
 from .error_shapes import ShapedRoute, openai_shape
+from .routing import RoutingTable
 from .runtime import runtime_of
 
 
@@ -17,16 +18,32 @@ async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+def _held_back(table: RoutingTable) -> dict[str, str]:
+    """The endpoints of one model not routed to, and why: below its highest version, or held by the engine's state."""
+    newest = max((e.version for e in table.endpoints), default=0)
+    held = {e.url: f"registered at version {e.version}, below the model's {newest}" for e in table.stale}
+    return {**held, **table.held}
+
+
 async def replica_status(request: Request) -> Response:
+    """This replica's view: its own model's endpoints at the top level (as before several models), every model's
+    under `models`."""
     runtime = runtime_of(request)
     routing, coordinator = runtime.routing, runtime.coordinator
+    own = routing.table()
     status = {"status": "ok", "replica_id": coordinator.replica_id, "model": runtime.config.model_name}
-    status.update(endpoints=[e.url for e in routing.endpoints], paused=coordinator.paused)
+    status.update(endpoints=[e.url for e in own.endpoints], paused=coordinator.paused)
     status["in_flight"] = coordinator.in_flight
-    # The endpoints not routed to, and why: below the model's highest version, or held by their engine's state.
-    newest = max((e.version for e in routing.endpoints), default=0)
-    held = {e.url: f"registered at version {e.version}, below the model's {newest}" for e in routing.stale}
-    status["held_back"] = {**held, **routing.held}
+    status["held_back"] = _held_back(own)
+    status["models"] = {
+        t.model_name: {
+            "endpoints": [e.url for e in t.endpoints],
+            "held_back": _held_back(t),
+            "paused": coordinator.paused_for(t.model_name),
+            "in_flight": coordinator.model_in_flight.get(t.model_name, 0),
+        }
+        for t in routing.tables
+    }
     return JSONResponse(status)
 
 
@@ -34,7 +51,7 @@ async def readyz(request: Request) -> Response:
     """200 while the ledger answers the proxy's key and the model registry has been seen, else 503 with why."""
     runtime = runtime_of(request)
     status = runtime.readiness.describe()
-    status["endpoints"] = len(runtime.routing.endpoints)
+    status["endpoints"] = runtime.routing.count()[0]
     return JSONResponse(status, status_code=200 if runtime.readiness.ready else 503)
 
 

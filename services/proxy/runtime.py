@@ -28,10 +28,10 @@ from .coordination import Coordinator
 from .engine_check import EngineChecker
 from .gateway import LedgerGateway
 from .metrics import ProxyMetrics
+from .model_routes import ModelRoutes
 from .readiness import Readiness
 from .retry import RetryPolicy
 from .rewrite import RewriteSettings
-from .routing import RoutingTable
 from .token_continuation import TokenContinuation
 from .upstream import Upstream
 
@@ -54,7 +54,8 @@ class ProxyRuntime:
         self.coordinator = Coordinator(
             self.client, replica_id, config.heartbeat_s, config.replica_ttl_s, self.metrics, self.readiness
         )
-        self.routing = RoutingTable(config.model_name)
+        # Every registered model's endpoints; a rollout goes to its label's model, else to config.model_name.
+        self.routing = ModelRoutes(config.model_name)
         policy = RetryPolicy(config.retry_attempts, config.retry_initial_backoff_s, config.retry_max_backoff_s)
         self.upstream = Upstream(
             policy,
@@ -113,15 +114,16 @@ class ProxyRuntime:
             "proxy replica %s serving model %s (%d endpoint(s)), ledger %s, auth %s",
             self.coordinator.replica_id,
             self.config.model_name,
-            len(self.routing.endpoints),
+            len(self.routing.table().endpoints),
             self.config.ledger,
             "on" if self.auth.enabled else "off",
         )
 
     def _routing_changed(self) -> None:
-        self.metrics.endpoints.set(len(self.routing.endpoints))
-        self.metrics.stale_endpoints.set(len(self.routing.stale))
-        self.metrics.held_endpoints.set(len(self.routing.held))
+        endpoints, stale, held = self.routing.count()
+        self.metrics.endpoints.set(endpoints)
+        self.metrics.stale_endpoints.set(stale)
+        self.metrics.held_endpoints.set(held)
 
     async def _follow_models(self) -> None:
         failures = 0

@@ -57,6 +57,8 @@ class Standin:
         self.stats = Stats()
         self.received: deque[dict[str, Any]] = deque(maxlen=_KEPT_REQUESTS)
         self.weight_version = config.weight_version
+        # Adapter name -> the path it was loaded from (vLLM's LoRA modules; a call naming one is answered as it).
+        self.adapters = dict(m.split("=", 1) for m in config.lora_modules.split(",") if m)
 
     async def generate(self, request: Request, api: str) -> Response:
         self.stats.requests += 1
@@ -73,11 +75,12 @@ class Standin:
         if self.knobs.fail_next > 0:
             self.knobs.fail_next -= 1
             return self._error(EngineError(self.knobs.fail_status, "Engine temporarily failing.", "ServiceUnavailable"))
+        served = body.get("model") if body.get("model") in self.adapters else self.model
         try:
             if api == "chat":
-                gen = generate_chat(body, self.model, self.tokenizer, self.mistake_rate)
+                gen = generate_chat(body, served, self.tokenizer, self.mistake_rate)
             else:
-                gen = generate_completion(body, self.model, self.tokenizer, self.mistake_rate)
+                gen = generate_completion(body, served, self.tokenizer, self.mistake_rate)
         except EngineError as err:
             return self._error(err)
         delay = float(knobs.get("delay_ms", self.knobs.delay_ms))
@@ -127,7 +130,17 @@ def create_app(config: StandinConfig) -> Starlette:
     async def models(request: Request) -> Response:
         card = {"id": standin.model, "object": "model", "created": int(time.time()), "owned_by": "vllm"}
         card.update(root=standin.model, parent=None, max_model_len=32768)
-        return JSONResponse({"object": "list", "data": [card]})
+        adapters = [
+            {**card, "id": name, "root": path, "parent": standin.model} for name, path in standin.adapters.items()
+        ]
+        return JSONResponse({"object": "list", "data": [card, *adapters]})
+
+    async def load_lora_adapter(request: Request) -> Response:
+        body = await request.json()
+        if not isinstance(body, dict) or not body.get("lora_name") or not body.get("lora_path"):
+            return JSONResponse({"error": "expected lora_name and lora_path"}, status_code=400)
+        standin.adapters[str(body["lora_name"])] = str(body["lora_path"])
+        return Response(f"Success: LoRA adapter '{body['lora_name']}' added successfully.", status_code=200)
 
     async def health(request: Request) -> Response:
         return Response(status_code=200)
@@ -167,6 +180,8 @@ def create_app(config: StandinConfig) -> Starlette:
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        # vLLM's runtime adapter route: on only with --lora-modules (vLLM: with --enable-lora).
+        *([Route("/v1/load_lora_adapter", load_lora_adapter, methods=["POST"])] if config.lora_modules else []),
         Route("/health", health, methods=["GET"]),
         Route("/standin/config", config_route, methods=["GET", "POST"]),
         Route("/standin/requests", requests_route, methods=["GET", "DELETE"]),

@@ -19,6 +19,7 @@ class StandinConfig:
     fail_status: int = 503
     mistake_rate: float = 0.0
     weight_version: str = ""
+    lora_modules: str = ""
     log_level: str = "warning"
 
 
@@ -45,6 +46,10 @@ SETTINGS = st.Settings(
                    "serve vLLM's dev-mode weight label routes (GET /weight_info, POST /update_weight_version) "
                    "starting at this label (vLLM's own first label is `default`); empty: no such routes, as vLLM "
                    "without VLLM_SERVER_DEV_MODE"),
+        st.Setting("--lora-modules", "AGL_STANDIN_LORA_MODULES", st.text(), _D.lora_modules,
+                   "adapters served beside the model, NAME=PATH[,NAME=PATH...] as vLLM's --lora-modules: a call "
+                   "naming one is answered as that model, GET /v1/models lists each with its path, and "
+                   "POST /v1/load_lora_adapter loads (or replaces) one"),
         st.Setting("--log-level", "AGL_LOG_LEVEL", st.log_level(), _D.log_level),
     ],
 )  # fmt: skip
@@ -52,4 +57,7 @@ SETTINGS = st.Settings(
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> StandinConfig:
     values = SETTINGS.parse(argv, env)
+    for module in filter(None, values["lora_modules"].split(",")):
+        if "=" not in module or not module.partition("=")[0]:
+            SETTINGS.fail(f"--lora-modules: {module!r} is not NAME=PATH")
     return StandinConfig(**{**values, "log_level": values["log_level"].lower()})  # uvicorn wants it lower-case

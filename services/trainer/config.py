@@ -93,6 +93,13 @@ class TrainerSettings:
     # Each consumed rollout gets an agl_training_rows event (row_records.py; the console's token view); off when
     # agl.retention.keep_steps is 0 (the rollouts are gone by then).
     row_records: bool = True
+    # agl.async_training.pause_scope: what the pause around each update holds, "all" calls or the run's "model"'s.
+    pause_scope: str = "all"
+
+    @property
+    def pause_model_name(self) -> str:
+        """The model the trainer's pause names ("": every call of every proxy)."""
+        return self.model_name if self.pause_scope == "model" else ""
 
     def __repr__(self) -> str:  # never print the key
         key = "***" if self.key else None
@@ -218,6 +225,7 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         command=command,
         env_map={str(k): str(v) for k, v in (launch_cfg.get("env_map") or {}).items()},
         k8s_job_template=template,
+        model_name=str(agl.model_name),
     )
     infra = infra_settings(agl)
     limits, rollouts_named, min_count = health_settings(agl)
@@ -323,7 +331,17 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         health_rollouts_named=rollouts_named,
         health_min_count=min_count,
         row_records=bool(agl.get("row_records", True)) and keep_steps != 0,
+        pause_scope=_pause_scope(async_cfg),
     )
+
+
+def _pause_scope(async_cfg: Any) -> str:
+    """agl.async_training.pause_scope: `all` (the pause around an update holds every proxy call) or `model` (only
+    the calls of this run's rollouts, routed to agl.model_name: for several runs sharing proxies and engines)."""
+    scope = str(async_cfg.get("pause_scope", "all"))
+    if scope not in ("all", "model"):
+        raise ConfigError(f"agl.async_training.pause_scope={scope}: `all` or `model`")
+    return scope
 
 
 def _pause_lease_s(async_cfg: Any) -> float:

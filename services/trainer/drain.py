@@ -7,6 +7,10 @@ calls. The proxies are drained when every live replica has applied the pause and
 The pause names its owner (the trainer's run) and holds a lease, renewed a third of the way through for as long as
 the update runs: a trainer killed mid-update leaves a pause the ledger lifts when the lease runs out, instead of
 every later agent call answered 429.
+
+With a model name (agl.async_training.pause_scope=model) the pause holds only the calls routed to the run's model,
+and the drain waits only for those: several runs training on one proxy and one engine then pause around their own
+updates without holding each other's rollouts.
 """
 
 from __future__ import annotations
@@ -31,8 +35,13 @@ class DrainResult:
     replicas: int
 
 
-def is_drained(control: proxy_control_pb2.ProxyControl, generation: int) -> bool:
-    return all(r.observed_generation >= generation and r.in_flight == 0 for r in control.replicas)
+def is_drained(control: proxy_control_pb2.ProxyControl, generation: int, model_name: str = "") -> bool:
+    """Every live replica applied `generation` and has no call in flight (routed to `model_name`, when named)."""
+    return all(
+        r.observed_generation >= generation
+        and (r.model_in_flight.get(model_name, 0) if model_name else r.in_flight) == 0
+        for r in control.replicas
+    )
 
 
 class _Lease:
@@ -70,8 +79,10 @@ class ProxyDrainer:
         timeout_s: float = 600.0,
         owner: str = "",
         lease_s: float = 0.0,
+        model_name: str = "",
     ) -> None:
         self._client = client
+        self._model_name = model_name
         self._retry_after_seconds = retry_after_seconds
         self._timeout_s = timeout_s
         self._owner = owner
@@ -86,6 +97,7 @@ class ProxyDrainer:
             reason=self._reason,
             owner=self._owner,
             lease_seconds=self._lease_s,
+            model_name=self._model_name,
         )
 
     async def pause_and_drain(self, reason: str = "weight update") -> DrainResult:
@@ -97,12 +109,12 @@ class ProxyDrainer:
             self._lease.start()
         generation = control.generation
         latest = control
-        if not is_drained(latest, generation):
+        if not is_drained(latest, generation, self._model_name):
 
             async def wait() -> proxy_control_pb2.ProxyControl:
                 async with contextlib.aclosing(self._client.watch_proxy_control()) as stream:
                     async for current in stream:
-                        if is_drained(current, generation):
+                        if is_drained(current, generation, self._model_name):
                             return current
                 raise ConnectionError("proxy-control watch ended")
 
@@ -119,7 +131,7 @@ class ProxyDrainer:
     async def resume(self) -> None:
         if self._lease is not None:
             self._lease.stop()
-        await self._client.set_proxy_pause(False, reason="weights updated")
+        await self._client.set_proxy_pause(False, reason="weights updated", model_name=self._model_name)
 
 
 class HttpProxyDrainer:
@@ -134,8 +146,10 @@ class HttpProxyDrainer:
         timeout_s: float = 600.0,
         owner: str = "",
         lease_s: float = 0.0,
+        model_name: str = "",
     ):
         self._url = admin_url.rstrip("/")
+        self._model = {"model": model_name} if model_name else {}
         self._headers = {"authorization": f"Bearer {key}"} if key else {}
         self._retry_after_seconds = retry_after_seconds
         self._timeout_s = timeout_s
@@ -145,6 +159,7 @@ class HttpProxyDrainer:
 
     async def _renew(self) -> dict[str, object]:
         body = {"retry_after_seconds": self._retry_after_seconds, "reason": self._reason, **self._owner_lease}
+        body.update(self._model)
         return await self._post("/admin/pause", body)
 
     async def _post(self, path: str, body: dict[str, object]) -> dict[str, object]:
@@ -159,7 +174,7 @@ class HttpProxyDrainer:
         started = time.monotonic()
         self._reason = reason
         body = {"timeout_seconds": self._timeout_s, "retry_after_seconds": self._retry_after_seconds, "reason": reason}
-        result = await self._post("/admin/drain", {**body, **self._owner_lease})
+        result = await self._post("/admin/drain", {**body, **self._owner_lease, **self._model})
         if self._lease is not None:
             self._lease.start()
         seconds = time.monotonic() - started
@@ -173,4 +188,4 @@ class HttpProxyDrainer:
     async def resume(self) -> None:
         if self._lease is not None:
             self._lease.stop()
-        await self._post("/admin/resume", {})
+        await self._post("/admin/resume", dict(self._model))

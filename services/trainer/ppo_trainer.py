@@ -177,7 +177,8 @@ class AglPPOTrainer(RayPPOTrainer):
             self.trajectories = TrajectoryLog(self.agl.trajectory_log, self.tokenizer.decode, inputs)
         # The pause names this run and holds a lease the drainer renews while the update runs: a trainer killed
         # mid-update leaves a pause the ledger lifts when the lease runs out.
-        pause = {"owner": f"trainer:{self.agl.run_id}", "lease_s": self.agl.pause_lease_s}
+        pause = {"owner": f"trainer:{self.agl.run_id}", "lease_s": self.agl.pause_lease_s,
+                 "model_name": self.agl.pause_model_name}  # fmt: skip
         if self.agl.proxy_admin_url:
             self.drainer: Any = HttpProxyDrainer(
                 self.agl.proxy_admin_url, self.agl.key, retry_after_seconds=self.agl.retry_after_seconds,

@@ -14,6 +14,8 @@ LABEL_RUN = "agl_run"
 LABEL_STEP = "agl_step"
 LABEL_GROUP = "agl_group"
 LABEL_DATA_ID = "agl_data_id"
+# The model the rollout's calls go to: the proxies route by it (services/proxy/model_routes.py MODEL_LABEL).
+LABEL_MODEL = "agl_model"
 
 # Backoff of the infrastructure retries: 0.5 s before attempt 2, doubling, at most 8 s.
 RETRY_BACKOFF_S = 0.5
@@ -36,6 +38,9 @@ class LaunchSettings:
     # (agl.infra_failures: the infrastructure's reasons), RETRY_BACKOFF_S before the second attempt.
     retry_attempts: int = 1
     retry_on: tuple[int, ...] = ()
+    # The model the run trains (agl.model_name; a LoRA run's adapter name): each rollout is labelled with it, and
+    # the proxies send its calls to that model's engines. "": no label, the proxies' own model.
+    model_name: str = ""
 
     def to_proto(self) -> rollout_pb2.RolloutConfig:
         config = rollout_pb2.RolloutConfig(timeout_seconds=self.timeout_seconds)
@@ -96,6 +101,8 @@ def build_specs(
     """The n sibling specs of one group."""
     group = group_id(run_id, step, slot, kind)
     labels = {LABEL_RUN: run_id, LABEL_STEP: str(step), LABEL_GROUP: group, LABEL_DATA_ID: sample.data_id}
+    if launch.model_name:
+        labels[LABEL_MODEL] = launch.model_name
     input_json = json.dumps(sample.input, separators=(",", ":"))
     config = launch.to_proto()
     return [

@@ -291,6 +291,14 @@ async def test_proxy_pause_resume_state_and_drain(ledger, uid):
         assert f"p-{uid}" in drained.out
         await client.report_proxy_replica(f"p-{uid}", 0, generation, leaving=True)
         await client.set_proxy_pause(False)
+        # One model's drain: a call of another model in flight does not hold it; the proxy-wide state stays serving.
+        ahead = (await client.get_proxy_control()).generation + 1  # the generation the model's pause will have
+        await client.report_proxy_replica(f"m-{uid}", 1, ahead, ttl_seconds=60, model_in_flight={"b": 1})
+        one = await asyncio.to_thread(run_agl, "proxy", "drain", "--model", "a", "--wait", "10", ledger=ledger.address)
+        assert one.code == 0 and "model a paused" in one.out and one.out.startswith("proxies serving"), one.err
+        resumed = run_agl("proxy", "resume", "--model", "a", "--json", ledger=ledger.address)
+        assert not json.loads(resumed.out)["control"].get("model_pauses")
+        await client.report_proxy_replica(f"m-{uid}", 0, generation, leaving=True)
 
 
 async def test_models_register_and_rm(ledger, uid):

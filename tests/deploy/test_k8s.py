@@ -154,6 +154,10 @@ def test_secret_references_resolve() -> None:
         if any(e["name"] == "AGL_KEY" and "valueFrom" in e for c in _containers(w) for e in c.get("env", []))
     }
     assert keyed == {"agl-ledger", "agl-proxy", "agl-controller", "agl-console"}
+    # The engines' key, as compose passes AGL_ENGINE_API_KEY to the proxy: from the Secret, never inline.
+    (proxy,) = _containers(_workloads()["agl-proxy"])
+    (engine_key,) = [e for e in proxy["env"] if e["name"] == "AGL_ENGINE_API_KEY"]
+    assert engine_key["valueFrom"]["secretKeyRef"] == {"name": "agl-key", "key": "engine-api-key", "optional": True}
 
 
 def test_services_find_each_other_by_service_name() -> None:

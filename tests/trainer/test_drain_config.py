@@ -81,6 +81,11 @@ def test_hydra_config_composes_ours_over_verls_without_a_gpu(tmp_path: Path) -> 
     # One data-parallel rank, verl's fixed micro-batches of 8 rows (issue 28 row 4): the rows handed over are a
     # multiple of 8.
     assert s.data_path.row_divisor == 8
+    # The run's rollouts name its model (the proxies route by it); its pause holds every call unless scoped.
+    assert s.manager.launch.model_name == s.model_name and s.pause_model_name == ""
+    scoped = settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.model_name=run-b",
+                                           "agl.async_training.pause_scope=model"))  # fmt: skip
+    assert scoped.pause_model_name == "run-b" and scoped.manager.launch.model_name == "run-b"
 
 
 def test_config_rejects_what_cannot_work() -> None:
@@ -99,6 +104,8 @@ def test_config_rejects_what_cannot_work() -> None:
         )
     with pytest.raises(ValueError, match="run id"):
         settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.run_id='a/b'"))
+    with pytest.raises(ConfigError, match=r"pause_scope=run: `all` or `model`"):
+        settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.async_training.pause_scope=run"))
     # The mid-step engine check: a number of seconds, and only where there are external engines to check.
     with pytest.raises(ConfigError, match=r"agl\.engines\.check_seconds=-1"):
         settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.engines.check_seconds=-1"))

@@ -11,6 +11,8 @@ stack is the CPU training tests' (tests/trainer/cpu_stack.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +21,10 @@ import httpx
 import pytest
 from safetensors.torch import load_file
 
+from deploy import local_stack
 from services._gen.agl.v1 import model_pb2
 from services.engine.control import adapter_label
+from services.proxy.model_routes import MODEL_LABEL
 from services.trainer.engine_push import EnginePushError, Weights, catch_up, push_weights
 from tests.support.engine import (
     Engine,
@@ -31,7 +35,7 @@ from tests.support.engine import (
     run_engine,
 )
 from tests.trainer import cpu_stack
-from tests.trainer.cpu_stack import MODEL, Stack, run_trainer, write_tasks
+from tests.trainer.cpu_stack import KEY, MODEL, TRAINER, Stack, TrainerRun, run_trainer, trainer_overrides, write_tasks
 
 pytestmark = [pytest.mark.trainer, pytest.mark.timeout(900)]  # an engine start, then trainer runs
 
@@ -44,7 +48,11 @@ LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alp
 def lora_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     root = tmp_path_factory.mktemp("lora-engine")
     with run_engine(
-        build_model(root / "model"), model_name=BASE, args=["--lora-rank", "8"], log_dir=root, api_key=ENGINE_KEY
+        build_model(root / "model"),
+        model_name=BASE,
+        args=["--lora-rank", "8", "--max-loras", "2"],  # two runs' adapters at once (the two-run test)
+        log_dir=root,
+        api_key=ENGINE_KEY,
     ) as engine:
         chat(engine, "warm up")
         yield engine
@@ -169,3 +177,66 @@ def test_an_engine_without_lora_is_one_clear_error(stack: Stack, cpu_engine: Eng
     assert [card["id"] for card in httpx.get(f"{cpu_engine.openai_url}/models", timeout=30).json()["data"]] == [
         cpu_engine.model_name
     ]
+
+
+@pytest.mark.two_runs
+def test_two_runs_train_their_own_adapters_on_one_engine_and_proxy(
+    stack: Stack, lora_engine: Engine, tmp_path: Path
+) -> None:
+    """Two LoRA runs at once against one ledger, one proxy and one engine (issue 32 item 3): each run's rollouts
+    are labelled with its model, the proxy serves each through its own run's adapter, and each run's pause holds
+    only its own calls (pause_scope=model). Every recorded call of a run names its adapter and one of its versions,
+    and each run's engine/trainer log-prob gap stays below 1e-4."""
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["parity"] * 4)
+    names = {"pair-a": MODEL, "pair-b": f"{MODEL}-b"}
+
+    async def register_b() -> None:
+        async with stack.client() as client:
+            await client.register_models([model_pb2.ModelEndpoint(model_name=names["pair-b"],
+                                                                  endpoint=lora_engine.openai_url)])  # fmt: skip
+
+    asyncio.run(register_b())
+    lora_engine.restore_base_weights()
+    env = local_stack.child_environment({"AGL_ENGINE_API_KEY": ENGINE_KEY})
+    runs: dict[str, TrainerRun] = {}
+    with contextlib.ExitStack() as logs:
+        started: dict[str, tuple[subprocess.Popen, Path]] = {}
+        for run_id, model in names.items():
+            out = stack.root / run_id
+            out.mkdir()
+            argv = [str(TRAINER), f"agl.ledger_address={stack.ledger}", f"agl.key={KEY}"]
+            argv += trainer_overrides(lora_engine, run_id, tasks, out, steps=2, lr=1e-2, model=model)
+            argv += [*LORA, "agl.async_training.pause_scope=model", "agl.retention.keep_steps=-1"]
+            log = logs.enter_context((out / "trainer.log").open("w"))
+            env_run = {**env, "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")}
+            started[run_id] = (subprocess.Popen(argv, env=env_run, stdout=log, stderr=subprocess.STDOUT), out)
+        for run_id, (process, out) in started.items():
+            code = process.wait(timeout=900)
+            runs[run_id] = TrainerRun.read(code, (out / "trainer.log").read_text(), out)
+    for run_id, run in runs.items():
+        assert run.returncode == 0, (run_id, run.output[-5000:])
+        for n in (1, 2):
+            assert run.step(n)["agl/push/logprob_diff_max"] < 1e-4, (run_id, run.step(n))
+            assert run.step(n)["agl/rollout/succeeded"] == 8.0, (run_id, run.step(n))
+        assert sorted(p.name for p in run.weights_dir.iterdir()) == ["adapter-v1", "adapter-v2"]
+
+    async def calls_by_run() -> dict[str, set[tuple[str, int]]]:
+        seen: dict[str, set[tuple[str, int]]] = {}
+        async with stack.client() as client:
+            for run_id, model in names.items():
+                rollouts = await client.list_rollouts(labels={"agl_run": run_id})
+                assert len(rollouts) == 16 and {r.metadata.labels[MODEL_LABEL] for r in rollouts} == {model}
+                for rollout in rollouts:
+                    for event in await client.list_events(rollout.rollout_id, event_type="model_request"):
+                        seen.setdefault(run_id, set()).add(
+                            (event.model_request.model, event.model_request.model_version)
+                        )
+        return seen
+
+    seen = asyncio.run(calls_by_run())
+    # Step n's rollouts were served by the adapter of version n - 1 (the start push is version 0), each run's own.
+    assert seen == {"pair-a": {(MODEL, 0), (MODEL, 1)}, "pair-b": {(names["pair-b"], 0), (names["pair-b"], 1)}}
+    cards = {card["id"]: card for card in httpx.get(f"{lora_engine.openai_url}/models", headers=lora_engine.headers,
+                                                    timeout=30).json()["data"]}  # fmt: skip
+    for run_id, model in names.items():
+        assert cards[model]["root"] == str(runs[run_id].weights_dir / "adapter-v2")

@@ -342,18 +342,20 @@ class WatchModelsResponse(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[_model_pb2.ModelEndpoint, _Mapping]]] = ...) -> None: ...
 
 class SetProxyPauseRequest(_message.Message):
-    __slots__ = ("paused", "retry_after_seconds", "reason", "owner", "lease_seconds")
+    __slots__ = ("paused", "retry_after_seconds", "reason", "owner", "lease_seconds", "model_name")
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     paused: bool
     retry_after_seconds: int
     reason: str
     owner: str
     lease_seconds: float
-    def __init__(self, paused: _Optional[bool] = ..., retry_after_seconds: _Optional[int] = ..., reason: _Optional[str] = ..., owner: _Optional[str] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+    model_name: str
+    def __init__(self, paused: _Optional[bool] = ..., retry_after_seconds: _Optional[int] = ..., reason: _Optional[str] = ..., owner: _Optional[str] = ..., lease_seconds: _Optional[float] = ..., model_name: _Optional[str] = ...) -> None: ...
 
 class SetProxyPauseResponse(_message.Message):
     __slots__ = ("control",)
@@ -362,18 +364,27 @@ class SetProxyPauseResponse(_message.Message):
     def __init__(self, control: _Optional[_Union[_proxy_control_pb2.ProxyControl, _Mapping]] = ...) -> None: ...
 
 class ReportProxyReplicaRequest(_message.Message):
-    __slots__ = ("replica_id", "in_flight", "observed_generation", "ttl_seconds", "leaving")
+    __slots__ = ("replica_id", "in_flight", "observed_generation", "ttl_seconds", "leaving", "model_in_flight")
+    class ModelInFlightEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_GENERATION_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
+    MODEL_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     in_flight: int
     observed_generation: int
     ttl_seconds: float
     leaving: bool
-    def __init__(self, replica_id: _Optional[str] = ..., in_flight: _Optional[int] = ..., observed_generation: _Optional[int] = ..., ttl_seconds: _Optional[float] = ..., leaving: _Optional[bool] = ...) -> None: ...
+    model_in_flight: _containers.ScalarMap[str, int]
+    def __init__(self, replica_id: _Optional[str] = ..., in_flight: _Optional[int] = ..., observed_generation: _Optional[int] = ..., ttl_seconds: _Optional[float] = ..., leaving: _Optional[bool] = ..., model_in_flight: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ReportProxyReplicaResponse(_message.Message):
     __slots__ = ("control",)

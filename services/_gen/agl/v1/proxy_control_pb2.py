@@ -25,15 +25,21 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61gl/v1/proxy_control.proto\x12\x06\x61gl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x98\x01\n\x0cProxyReplica\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x11\n\tin_flight\x18\x02 \x01(\x03\x12\x1b\n\x13observed_generation\x18\x03 \x01(\x03\x12/\n\x0breport_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bttl_seconds\x18\x05 \x01(\x01\"\xfe\x01\n\x0cProxyControl\x12\x0e\n\x06paused\x18\x01 \x01(\x08\x12\x1b\n\x13retry_after_seconds\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x03\x12/\n\x0bupdate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x08replicas\x18\x06 \x03(\x0b\x32\x14.agl.v1.ProxyReplica\x12\r\n\x05owner\x18\x07 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestampb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61gl/v1/proxy_control.proto\x12\x06\x61gl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x02\n\x0cProxyReplica\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x11\n\tin_flight\x18\x02 \x01(\x03\x12\x1b\n\x13observed_generation\x18\x03 \x01(\x03\x12/\n\x0breport_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bttl_seconds\x18\x05 \x01(\x01\x12@\n\x0fmodel_in_flight\x18\x06 \x03(\x0b\x32\'.agl.v1.ProxyReplica.ModelInFlightEntry\x1a\x34\n\x12ModelInFlightEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xc4\x01\n\nModelPause\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x1b\n\x13retry_after_seconds\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa8\x02\n\x0cProxyControl\x12\x0e\n\x06paused\x18\x01 \x01(\x08\x12\x1b\n\x13retry_after_seconds\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x03\x12/\n\x0bupdate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x08replicas\x18\x06 \x03(\x0b\x32\x14.agl.v1.ProxyReplica\x12\r\n\x05owner\x18\x07 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x0cmodel_pauses\x18\t \x03(\x0b\x32\x12.agl.v1.ModelPauseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agl.v1.proxy_control_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_PROXYREPLICA_MODELINFLIGHTENTRY']._loaded_options = None
+  _globals['_PROXYREPLICA_MODELINFLIGHTENTRY']._serialized_options = b'8\001'
   _globals['_PROXYREPLICA']._serialized_start=72
-  _globals['_PROXYREPLICA']._serialized_end=224
-  _globals['_PROXYCONTROL']._serialized_start=227
-  _globals['_PROXYCONTROL']._serialized_end=481
+  _globals['_PROXYREPLICA']._serialized_end=344
+  _globals['_PROXYREPLICA_MODELINFLIGHTENTRY']._serialized_start=292
+  _globals['_PROXYREPLICA_MODELINFLIGHTENTRY']._serialized_end=344
+  _globals['_MODELPAUSE']._serialized_start=347
+  _globals['_MODELPAUSE']._serialized_end=543
+  _globals['_PROXYCONTROL']._serialized_start=546
+  _globals['_PROXYCONTROL']._serialized_end=842
 # @@protoc_insertion_point(module_scope)
