@@ -9,6 +9,7 @@ and the engine's own message; nothing the engine refuses passes silently. Import
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -64,6 +65,30 @@ def served_adapter_label(models: Any, name: str) -> str:
         if isinstance(card, dict) and card.get("id") == name and card.get("parent"):  # an adapter, not a base
             return adapter_label(str(card.get("root") or ""))
     return ADAPTER_LABEL + "none"
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Whether two names of a base model (paths or hub ids) name the same one: the same path once resolved, or the
+    same last component (a hub id `org/name` and its download `.../name`; the trainer's and the engine's hosts may
+    mount one model under different folders)."""
+
+    def resolved(name: str) -> str:
+        return os.path.realpath(name) if os.path.exists(name) else name.rstrip("/")
+
+    a, b = resolved(a), resolved(b)
+    return a == b or os.path.basename(a) == os.path.basename(b)
+
+
+def adapter_base_mismatch(adapter_config: Any, models: Any) -> str | None:
+    """Why an adapter cannot go on an engine (None: it can, or nothing tells): its PEFT config names a base model
+    that none of the engine's base models (the /v1/models cards without a parent) is. vLLM checks an adapter's rank
+    and modules, not its base: an adapter of another base model with the same shapes would load and serve garbage."""
+    base = adapter_config.get("base_model_name_or_path") if isinstance(adapter_config, dict) else None
+    cards = models.get("data") or [] if isinstance(models, dict) else []
+    roots = [str(c.get("root") or c.get("id")) for c in cards if isinstance(c, dict) and not c.get("parent")]
+    if not base or not roots or any(_same_model(str(base), root) for root in roots):
+        return None
+    return f"the adapter was trained on base model {base}, the engine serves {', '.join(roots)}"
 
 
 def _message(response: httpx.Response) -> str:
@@ -191,6 +216,7 @@ class EngineControl:
         refused adapter leaves the previous one serving."""
         path = os.fspath(adapter_dir)
         started = time.perf_counter()
+        await self._check_adapter_base(path)
         body = {"lora_name": name, "lora_path": path, "load_inplace": True}
         try:
             await self._call("POST", "/v1/load_lora_adapter", json=body, what=f"{name} from {path}")
@@ -206,6 +232,18 @@ class EngineControl:
         seconds = time.perf_counter() - started
         log.info("engine %s loaded adapter %s from %s in %.3fs", self.url, name, path, seconds)
         return Reload(weights_dir=path, seconds=seconds, method="load_lora_adapter")
+
+    async def _check_adapter_base(self, path: str) -> None:
+        """Refuses (EngineError, nothing loaded) an adapter whose config names another base model than the engine's;
+        an adapter directory this process cannot read (the engine's host only) is left to the engine."""
+        try:
+            with open(os.path.join(path, "adapter_config.json"), encoding="utf-8") as handle:
+                config = json.load(handle)
+        except (OSError, ValueError):
+            return
+        mismatch = adapter_base_mismatch(config, (await self._call("GET", "/v1/models")).json())
+        if mismatch is not None:
+            raise EngineError(self.url, "POST /v1/load_lora_adapter", 400, f"{path}: {mismatch}; not loaded")
 
     async def served_adapter(self, name: str) -> str:
         """The label of the adapter the engine serves under `name` (served_adapter_label)."""

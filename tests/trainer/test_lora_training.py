@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from safetensors.torch import load_file
 
 from deploy import local_stack
 from services._gen.agl.v1 import model_pb2
+from services.cli.train.lora import write_start_adapter
 from services.engine.control import adapter_label
 from services.proxy.model_routes import MODEL_LABEL
 from services.trainer.engine_push import EnginePushError, Weights, catch_up, push_weights
@@ -177,6 +179,29 @@ def test_an_engine_without_lora_is_one_clear_error(stack: Stack, cpu_engine: Eng
     assert [card["id"] for card in httpx.get(f"{cpu_engine.openai_url}/models", timeout=30).json()["data"]] == [
         cpu_engine.model_name
     ]
+
+
+def test_an_adapter_of_another_base_model_is_refused_and_nothing_is_loaded(
+    stack: Stack, lora_engine: Engine, tmp_path: Path
+) -> None:
+    """vLLM checks an adapter's rank and modules, not its base: this one has the engine model's shapes and names
+    another base model in its PEFT config, as an adapter trained on a sibling checkpoint would."""
+    weights = tmp_path / "weights"
+    adapter = write_start_adapter(lora_engine.model_dir, weights / "adapter-v1", rank=8, alpha=16)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = "/models/another-base"
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    shared = model_pb2.ModelEndpoint(model_name="other-run", endpoint=lora_engine.openai_url)
+
+    async def push() -> None:
+        async with stack.client() as client:
+            await push_weights(
+                client, "other-run", Weights(weights, adapter=True, api_key=ENGINE_KEY), 1, endpoints=[shared]
+            )
+
+    with pytest.raises(EnginePushError, match=r"trained on base model /models/another-base, the engine serves "):
+        asyncio.run(push())
+    assert served(lora_engine, "other-run") is None  # nothing loaded under that name
 
 
 @pytest.mark.two_runs
