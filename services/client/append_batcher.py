@@ -24,6 +24,7 @@ import grpc
 
 from services._gen.agl.v1 import ledger_service_pb2
 
+from . import errors
 from .append_stream import await_within
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,8 @@ class AppendBatcher:
         self.requests += 1
         try:
             response = await self._send(b"".join(p.request for p in batch))
-        except grpc.aio.AioRpcError as err:
+        except grpc.aio.AioRpcError as raw:
+            err = errors.typed(raw)
             if len(batch) > 1 and err.code() not in _REQUEST_WIDE_CODES:
                 log.debug("merged append of %d calls refused (%s); sending each alone", len(batch), err.code().name)
                 # All at once: the parts are written in queue order (each caller's events keep their order) and
@@ -135,7 +137,7 @@ class AppendBatcher:
                 return
             for pending in batch:
                 if not pending.future.done():
-                    pending.future.set_exception(_copy_error(err) if len(batch) > 1 else err)
+                    pending.future.set_exception(errors.copy(err) if len(batch) > 1 else err)
             return
         if len(batch) == 1:
             if not batch[0].future.done():
@@ -147,10 +149,3 @@ class AppendBatcher:
             if not pending.future.done():
                 pending.future.set_result(Response(sequences=sequences[start:end], attempt_ids=attempts[start:end]))
             start = end
-
-
-def _copy_error(err: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
-    """The same status for another caller (one exception object raised in several tasks would share tracebacks)."""
-    return grpc.aio.AioRpcError(
-        err.code(), err.initial_metadata(), err.trailing_metadata(), err.details(), err.debug_error_string()
-    )

@@ -26,6 +26,8 @@ import grpc
 from services import wire
 from services._gen.agl.v1 import ledger_service_pb2
 
+from . import errors
+from .errors import LedgerError
 from .retry import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -58,8 +60,8 @@ def frame(request_id: int, request: bytes) -> bytes:
     return _REQUEST_ID_TAG + wire.varint(request_id) + wire.field(_APPEND_FIELD, request)
 
 
-def _error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+def _error(code: grpc.StatusCode, details: str) -> LedgerError:
+    return errors.error(code, details)
 
 
 async def await_within(future: asyncio.Future[T], seconds: float | None, details: str) -> T:

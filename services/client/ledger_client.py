@@ -1,6 +1,8 @@
 """LedgerClient: typed helpers over the generated LedgerService stub.
 
-Unary calls are retried on UNAVAILABLE with capped, jittered exponential backoff. Retrying is safe because
+Every failed call raises one of the typed errors of errors.py (mapped from the gRPC status where it enters the
+client). Unary calls are retried on UNAVAILABLE with capped, jittered exponential backoff: the one retry policy
+of the client's unary calls (`RetryPolicy`; long-running workers pass `THROUGH_RESTARTS`). Retrying is safe because
 the client fills in caller-chosen ids (rollout ids, event ids) before the first try, so a retry after a lost
 response finds the stored item instead of creating a second one. Watches reconnect by themselves and resume
 from the last revision or cursor they delivered.
@@ -32,17 +34,13 @@ from services._gen.agl.v1 import (
 
 from .append_batcher import AppendBatcher
 from .append_stream import AppendStream
+from .errors import Unavailable, typed
+from .resumable import resumable
 from .retry import RetryPolicy
 from .runs import RunMethods
 
 log = logging.getLogger(__name__)
 
-LedgerError = grpc.aio.AioRpcError
-
-# Codes after which a stream is re-opened from its resume point rather than given up.
-_STREAM_RESUMABLE = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL}
-)
 _DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _APPEND_METHOD = "/agl.v1.LedgerService/AppendEvents"
 _APPEND_STREAM_METHOD = "/agl.v1.LedgerService/StreamAppendEvents"
@@ -137,12 +135,13 @@ class LedgerClient(RunMethods):
         while True:
             try:
                 return await call(request, metadata=self._metadata, timeout=timeout_s or self._call_timeout_s)
-            except grpc.aio.AioRpcError as err:
-                if err.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise
+            except grpc.aio.AioRpcError as raw:
+                err = typed(raw)  # the client's edge: callers see only the typed errors of errors.py
+                if not isinstance(err, Unavailable):
+                    raise err from None
                 delay = next(delays, None)
                 if delay is None:
-                    raise
+                    raise err from None
                 log.debug("ledger %s unavailable (%s); retrying in %.3fs", method, err.details(), delay)
                 await asyncio.sleep(delay)
 
@@ -328,39 +327,24 @@ class LedgerClient(RunMethods):
         states = list(states)
         selector = dict(labels or {})
         revision = after_revision
-        failures = 0
-        while True:
+
+        def open_call() -> Any:
             request = ledger_service_pb2.WatchRolloutsRequest(
                 states=states, label_selector=selector, after_revision=revision
             )
-            call = self.stub.WatchRollouts(request, metadata=self._metadata)
-            try:
-                async for message in call:
-                    failures = 0
-                    # Snapshot items all carry the snapshot's revision; the resume point moves only once the
-                    # snapshot is complete (SYNCED), so a cut mid-snapshot replays the snapshot.
-                    if message.type != ledger_service_pb2.ROLLOUT_CHANGE_TYPE_SNAPSHOT:
-                        revision = message.revision
-                    yield message
-                failures += 1  # the server ended the stream (e.g. shutting down): reconnect after a pause
-                await asyncio.sleep(self._retry.reconnect_delay(failures))
-            except grpc.aio.AioRpcError as err:
-                if err.code() == grpc.StatusCode.OUT_OF_RANGE:
-                    log.warning("rollout watch: revision %d no longer kept (%s); re-listing", revision, err.details())
-                    revision = 0
-                    continue
-                if err.code() not in _STREAM_RESUMABLE:
-                    raise
-                failures += 1
-                log.info(
-                    "rollout watch interrupted (%s: %s); resuming after revision %d",
-                    err.code().name,
-                    err.details(),
-                    revision,
-                )
-                await asyncio.sleep(self._retry.reconnect_delay(failures))
-            finally:
-                call.cancel()
+            return self.stub.WatchRollouts(request, metadata=self._metadata)
+
+        def restart() -> str:
+            nonlocal revision
+            was, revision = revision, 0
+            return f"revision {was}"
+
+        async for message in resumable("rollout watch", open_call, self._retry, restart):
+            # Snapshot items all carry the snapshot's revision; the resume point moves only once the snapshot is
+            # complete (SYNCED), so a cut mid-snapshot replays the snapshot.
+            if message.type != ledger_service_pb2.ROLLOUT_CHANGE_TYPE_SNAPSHOT:
+                revision = message.revision
+            yield message
 
     async def watch_terminal(
         self,
@@ -371,32 +355,16 @@ class LedgerClient(RunMethods):
         """Terminal rollouts in completion order; reconnects and resumes after the last cursor delivered."""
         selector = dict(labels or {})
         cursor = after_cursor
-        failures = 0
-        while True:
+
+        def open_call() -> Any:
             request = ledger_service_pb2.WatchTerminalRolloutsRequest(
                 after_cursor=cursor, label_selector=selector, include_events=include_events
             )
-            call = self.stub.WatchTerminalRollouts(request, metadata=self._metadata)
-            try:
-                async for message in call:
-                    failures = 0
-                    cursor = message.entry.cursor
-                    yield message.entry
-                failures += 1
-                await asyncio.sleep(self._retry.reconnect_delay(failures))
-            except grpc.aio.AioRpcError as err:
-                if err.code() not in _STREAM_RESUMABLE:
-                    raise
-                failures += 1
-                log.info(
-                    "terminal watch interrupted (%s: %s); resuming after cursor %d",
-                    err.code().name,
-                    err.details(),
-                    cursor,
-                )
-                await asyncio.sleep(self._retry.reconnect_delay(failures))
-            finally:
-                call.cancel()
+            return self.stub.WatchTerminalRollouts(request, metadata=self._metadata)
+
+        async for message in resumable("terminal watch", open_call, self._retry):
+            cursor = message.entry.cursor
+            yield message.entry
 
     async def list_terminal(
         self,
@@ -496,20 +464,8 @@ class LedgerClient(RunMethods):
 
     async def _watch_forever(self, method: str, request: Any) -> AsyncIterator[Any]:
         # For state-style streams (each message is the whole state) a reconnect simply starts over.
-        failures = 0
-        while True:
-            call = getattr(self.stub, method)(request, metadata=self._metadata)
-            try:
-                async for message in call:
-                    failures = 0
-                    yield message
-                failures += 1
-                await asyncio.sleep(self._retry.reconnect_delay(failures))
-            except grpc.aio.AioRpcError as err:
-                if err.code() not in _STREAM_RESUMABLE:
-                    raise
-                failures += 1
-                log.info("%s interrupted (%s: %s); reconnecting", method, err.code().name, err.details())
-                await asyncio.sleep(self._retry.reconnect_delay(failures))
-            finally:
-                call.cancel()
+        def open_call() -> Any:
+            return getattr(self.stub, method)(request, metadata=self._metadata)
+
+        async for message in resumable(method, open_call, self._retry):
+            yield message

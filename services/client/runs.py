@@ -7,21 +7,14 @@ from the last revision it delivered; when the ledger no longer keeps it, it star
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from typing import Any
-
-import grpc
 
 from services._gen.agl.v1 import ledger_service_pb2 as pb
 from services._gen.agl.v1 import ledger_service_pb2_grpc, run_pb2
 
+from .resumable import resumable
 from .retry import RetryPolicy
-
-log = logging.getLogger(__name__)
-
-_RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL})
 
 
 class RunMethods:
@@ -116,29 +109,19 @@ class RunMethods:
         """Snapshot then changes; reconnects and resumes after the last revision it delivered."""
         selector = dict(labels or {})
         revision = after_revision
-        failures = 0
-        while True:
+
+        def open_call() -> Any:
             request = pb.WatchRunsRequest(
                 run_id=run_id, label_selector=selector, include_steps=include_steps, after_revision=revision
             )
-            call = self.stub.WatchRuns(request, metadata=self._metadata)
-            try:
-                async for message in call:
-                    failures = 0
-                    if message.type != pb.RUN_CHANGE_TYPE_SNAPSHOT:
-                        revision = message.revision
-                    yield message
-                failures += 1
-                await asyncio.sleep(self._retry.reconnect_delay(failures))
-            except grpc.aio.AioRpcError as err:
-                if err.code() == grpc.StatusCode.OUT_OF_RANGE:
-                    log.warning("run watch: revision %d no longer kept (%s); re-listing", revision, err.details())
-                    revision = 0
-                    continue
-                if err.code() not in _RESUMABLE:
-                    raise
-                failures += 1
-                log.info("run watch interrupted (%s); resuming after revision %d", err.code().name, revision)
-                await asyncio.sleep(self._retry.reconnect_delay(failures))
-            finally:
-                call.cancel()
+            return self.stub.WatchRuns(request, metadata=self._metadata)
+
+        def restart() -> str:
+            nonlocal revision
+            was, revision = revision, 0
+            return f"revision {was}"
+
+        async for message in resumable("run watch", open_call, self._retry, restart):
+            if message.type != pb.RUN_CHANGE_TYPE_SNAPSHOT:
+                revision = message.revision
+            yield message

@@ -17,11 +17,9 @@ import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-import grpc
-
 from services._gen.agl.v1 import ledger_service_pb2 as pb
 from services._gen.agl.v1 import model_pb2, proxy_control_pb2, rollout_pb2, run_pb2
-from services.client import LedgerClient
+from services.client import LedgerClient, LedgerError
 
 from .ledger_check import LedgerCheck
 
@@ -92,8 +90,8 @@ class Mirror:
                 await feed()
             except asyncio.CancelledError:
                 raise
-            except grpc.aio.AioRpcError as err:
-                self.error = f"{name} watch: {err.code().name}: {err.details()}"
+            except LedgerError as err:
+                self.error = f"{name} watch: {err.code_name}: {err.details()}"
                 log.warning("console %s", self.error)
             except Exception as exc:
                 self.error = f"{name} watch: {type(exc).__name__}: {exc}"

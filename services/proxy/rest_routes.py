@@ -18,7 +18,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import grpc
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -26,11 +25,11 @@ from starlette.routing import Route
 
 from services import http_serving
 from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
-from services.client import LedgerClient
+from services.client import LedgerClient, LedgerError, NotFound
 
 from .auth import Authorizer, presented_key
 from .coordination import Coordinator
-from .errors import V1_STATUS_CODES, ProxyError
+from .errors import ProxyError, v1_status
 from .event_checks import writable
 from .rest_shapes import (
     DEFAULT_ATTEMPT_ID,
@@ -149,21 +148,16 @@ class RestFacade:
             except UnicodeEncodeError as err:  # a string of the body with a lone surrogate (JSON's \udc80)
                 detail = f"A string in the request holds a lone surrogate, which is not text: {err.reason}."
                 return _json({"detail": detail}, status_code=422)
-            except grpc.aio.AioRpcError as err:
+            except LedgerError as err:
                 rollout_id = request.path_params.get("rollout_id")
-                if err.code() == grpc.StatusCode.NOT_FOUND and rollout_id is not None:
+                if isinstance(err, NotFound) and rollout_id is not None:
                     return _json({"detail": f"Rollout not found: {rollout_id}"}, status_code=404)  # v1.0's words
-                status = V1_STATUS_CODES.get(err.code().name)
+                status = v1_status(err)
                 if status is None:
-                    log.error(
-                        "%s %s: ledger answered %s: %s",
-                        request.method,
-                        request.url.path,
-                        err.code().name,
-                        err.details(),
-                    )
+                    log.error("%s %s: ledger answered %s: %s", request.method, request.url.path, err.code_name,
+                              err.details())  # fmt: skip
                     status = 500
-                return _json({"detail": err.details() or err.code().name}, status_code=status)
+                return _json({"detail": err.message}, status_code=status)
 
         return route
 
