@@ -24,6 +24,7 @@ from .errors import (
     Unimplemented,
     Unknown,
 )
+from .informer import ROLLOUTS, RUNS, Handler, Informer
 from .ledger_client import LedgerClient
 from .ledger_link import LedgerLink, refused_message
 from .retry import THROUGH_RESTARTS, RetryPolicy, backoff_s
@@ -31,12 +32,16 @@ from .tokens import agent_token, verify_agent_token
 
 __all__ = [
     "RETRY_LATER",
+    "ROLLOUTS",
+    "RUNS",
     "THROUGH_RESTARTS",
     "AlreadyExists",
     "Cancelled",
     "Conflict",
     "DeadlineExceeded",
     "FailedPrecondition",
+    "Handler",
+    "Informer",
     "Internal",
     "InvalidArgument",
     "LedgerClient",

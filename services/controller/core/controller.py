@@ -19,16 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
 from collections.abc import Mapping
 
-from services._gen.agl.v1 import ledger_service_pb2 as pb
 from services._gen.agl.v1 import rollout_pb2
 from services.client import (
+    ROLLOUTS,
     Conflict,
     FailedPrecondition,
+    Handler,
+    Informer,
     LedgerClient,
     LedgerError,
     NotFound,
@@ -138,35 +141,24 @@ class Controller:
                 refusals = 1 if self._readiness.subscribed else refusals + 1
                 self._readiness.subscribed = False
                 self._readiness.failed(err)
-                self._pending.clear()  # the watch starts over with a fresh snapshot once the key is accepted
-                for rollout_id in list(self._waiting):
-                    self._drop_waiting(rollout_id)
+                self._forget_queue()  # the watch starts over with a fresh snapshot once the key is accepted
                 await asyncio.sleep(backoff_s(refusals))
 
     async def _follow_queue(self) -> None:
-        synced = False
-        async for message in self._ledger.watch_rollouts(states=[QUEUING], labels=self._labels):
-            if message.type == pb.ROLLOUT_CHANGE_TYPE_SNAPSHOT:
-                if synced:  # the client started over with a fresh snapshot: what we hold may be stale
-                    self._pending.clear()
-                    for rollout_id in list(self._waiting):
-                        self._drop_waiting(rollout_id)
-                    synced = False
-                self._offer(message.rollout)
-            elif message.type == pb.ROLLOUT_CHANGE_TYPE_SYNCED:
-                synced = True
-                self._readiness.subscribed = True
-                self._readiness.succeeded()
-            elif message.type == pb.ROLLOUT_CHANGE_TYPE_UPSERT:
-                if message.rollout.status.state == QUEUING:
-                    self._offer(message.rollout)
-                else:
-                    self._pending.pop(message.rollout.rollout_id, None)
-                    self._drop_waiting(message.rollout.rollout_id)
-            elif message.type == pb.ROLLOUT_CHANGE_TYPE_DELETE:
-                self._pending.pop(message.rollout.rollout_id, None)
-                self._drop_waiting(message.rollout.rollout_id)
-            self._fill()
+        """The queue is an informer over WatchRollouts(states=[QUEUING]); `_QueueEvents` turns its news into offers.
+        Snapshot items are offered as they arrive, so launching starts before a long snapshot is complete."""
+        watch = functools.partial(self._ledger.watch_rollouts, states=[QUEUING], labels=self._labels)
+        await Informer(watch, ROLLOUTS, _QueueEvents(self), keep=lambda r: r.status.state == QUEUING).run()
+
+    def _forget_queue(self) -> None:
+        """The informer starts over with a fresh snapshot: what we hold may be stale."""
+        self._pending.clear()
+        for rollout_id in list(self._waiting):
+            self._drop_waiting(rollout_id)
+
+    def _left_queue(self, rollout_id: str) -> None:
+        self._pending.pop(rollout_id, None)
+        self._drop_waiting(rollout_id)
 
     def _offer(self, rollout: rollout_pb2.Rollout) -> None:
         # Kept even while a handler for the same rollout runs: a claim that lost to a newer version of a still
@@ -471,3 +463,33 @@ class Controller:
             await heartbeat
         await self.leases.leave()
         await self._runner.close()
+
+
+class _QueueEvents(Handler[rollout_pb2.Rollout]):
+    """The queue informer's news, as the controller's offers (every change may free or fill a slot: `_fill`)."""
+
+    def __init__(self, controller: Controller) -> None:
+        self._controller = controller
+
+    def on_relist(self) -> None:
+        self._controller._forget_queue()
+
+    def on_snapshot_item(self, item: rollout_pb2.Rollout) -> None:
+        self._controller._offer(item)
+        self._controller._fill()
+
+    def on_synced(self, replaced: bool) -> None:
+        self._controller._readiness.subscribed = True
+        self._controller._readiness.succeeded()
+        self._controller._fill()
+
+    def on_upsert(self, old: rollout_pb2.Rollout | None, new: rollout_pb2.Rollout) -> None:
+        if new.status.state == QUEUING:
+            self._controller._offer(new)
+        else:
+            self._controller._left_queue(new.rollout_id)
+        self._controller._fill()
+
+    def on_delete(self, old: rollout_pb2.Rollout | None, gone: rollout_pb2.Rollout) -> None:
+        self._controller._left_queue(gone.rollout_id)
+        self._controller._fill()
