@@ -10,6 +10,7 @@ deleted meanwhile does not linger. The controller's queue and the console's mirr
 from __future__ import annotations
 
 import asyncio
+import operator
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -31,22 +32,17 @@ class Kind(Generic[T]):
     key: Callable[[T], str]
 
 
-ROLLOUTS: Kind[Any] = Kind(
-    pb.ROLLOUT_CHANGE_TYPE_SNAPSHOT,
-    pb.ROLLOUT_CHANGE_TYPE_SYNCED,
-    pb.ROLLOUT_CHANGE_TYPE_UPSERT,
-    pb.ROLLOUT_CHANGE_TYPE_DELETE,
-    item=lambda message: message.rollout,
-    key=lambda rollout: rollout.rollout_id,
-)
-RUNS: Kind[Any] = Kind(
-    pb.RUN_CHANGE_TYPE_SNAPSHOT,
-    pb.RUN_CHANGE_TYPE_SYNCED,
-    pb.RUN_CHANGE_TYPE_RUN,
-    pb.RUN_CHANGE_TYPE_DELETE,
-    item=lambda message: message.run,
-    key=lambda run: run.run_id,
-)
+def _kind(resource: str, upsert: str) -> Kind[Any]:
+    """The Kind of a watch whose change enum is `{RESOURCE}_CHANGE_TYPE_*` and whose item is in field `resource`,
+    keyed by its `{resource}_id`."""
+    change = {name: getattr(pb, f"{resource.upper()}_CHANGE_TYPE_{name}") for name in ("SNAPSHOT", "SYNCED", "DELETE")}
+    upserted = getattr(pb, f"{resource.upper()}_CHANGE_TYPE_{upsert}")
+    return Kind(change["SNAPSHOT"], change["SYNCED"], upserted, change["DELETE"], item=operator.attrgetter(resource),
+                key=operator.attrgetter(f"{resource}_id"))  # fmt: skip
+
+
+ROLLOUTS = _kind("rollout", "UPSERT")
+RUNS = _kind("run", "RUN")  # its STEP changes (metrics of a step) leave the run itself unchanged
 
 
 class Handler(Generic[T]):

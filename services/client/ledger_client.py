@@ -35,7 +35,7 @@ from services._gen.agl.v1 import (
 from .append_batcher import AppendBatcher
 from .append_stream import AppendStream
 from .errors import Unavailable, typed
-from .resumable import resumable
+from .resumable import resumable, revision_watch
 from .retry import RetryPolicy
 from .runs import RunMethods
 
@@ -314,7 +314,7 @@ class LedgerClient(RunMethods):
 
     # -- streams --------------------------------------------------------------------------------------------
 
-    async def watch_rollouts(
+    def watch_rollouts(
         self,
         states: Iterable[int] = (),
         labels: Mapping[str, str] | None = None,
@@ -324,27 +324,16 @@ class LedgerClient(RunMethods):
 
         When the ledger no longer keeps that revision (OUT_OF_RANGE) it starts over with a fresh snapshot.
         """
-        states = list(states)
-        selector = dict(labels or {})
-        revision = after_revision
+        states, selector = list(states), dict(labels or {})
 
-        def open_call() -> Any:
+        def open_after(revision: int) -> Any:
             request = ledger_service_pb2.WatchRolloutsRequest(
                 states=states, label_selector=selector, after_revision=revision
             )
             return self.stub.WatchRollouts(request, metadata=self._metadata)
 
-        def restart() -> str:
-            nonlocal revision
-            was, revision = revision, 0
-            return f"revision {was}"
-
-        async for message in resumable("rollout watch", open_call, self._retry, restart):
-            # Snapshot items all carry the snapshot's revision; the resume point moves only once the snapshot is
-            # complete (SYNCED), so a cut mid-snapshot replays the snapshot.
-            if message.type != ledger_service_pb2.ROLLOUT_CHANGE_TYPE_SNAPSHOT:
-                revision = message.revision
-            yield message
+        snapshot = ledger_service_pb2.ROLLOUT_CHANGE_TYPE_SNAPSHOT
+        return revision_watch("rollout watch", open_after, after_revision, snapshot, self._retry)
 
     async def watch_terminal(
         self,

@@ -22,6 +22,32 @@ from .retry import RetryPolicy
 log = logging.getLogger(__name__)
 
 
+def revision_watch(
+    what: str, open_after: Callable[[int], Any], after_revision: int, snapshot_type: int, retry: RetryPolicy
+) -> AsyncIterator[Any]:
+    """A snapshot-then-changes watch resumed after the last revision it delivered: `open_after(revision)` opens the
+    call. Snapshot items all carry the snapshot's revision, so the resume point moves only past the snapshot
+    (SYNCED): a cut mid-snapshot replays it. OUT_OF_RANGE starts over from revision 0, with a fresh snapshot."""
+    revision = after_revision
+
+    def restart() -> str:
+        nonlocal revision
+        was, revision = revision, 0
+        return f"revision {was}"
+
+    def open_call() -> Any:  # reads the resume point when it opens, so a reconnect starts from the latest one
+        return open_after(revision)
+
+    async def messages() -> AsyncIterator[Any]:
+        nonlocal revision
+        async for message in resumable(what, open_call, retry, restart):
+            if message.type != snapshot_type:
+                revision = message.revision
+            yield message
+
+    return messages()
+
+
 async def resumable(
     what: str,
     open_call: Callable[[], Any],

@@ -13,7 +13,7 @@ from typing import Any
 from services._gen.agl.v1 import ledger_service_pb2 as pb
 from services._gen.agl.v1 import ledger_service_pb2_grpc, run_pb2
 
-from .resumable import resumable
+from .resumable import revision_watch
 from .retry import RetryPolicy
 
 
@@ -99,7 +99,7 @@ class RunMethods:
             if not token:
                 return found
 
-    async def watch_runs(
+    def watch_runs(
         self,
         run_id: str = "",
         labels: Mapping[str, str] | None = None,
@@ -108,20 +108,11 @@ class RunMethods:
     ) -> AsyncIterator[pb.WatchRunsResponse]:
         """Snapshot then changes; reconnects and resumes after the last revision it delivered."""
         selector = dict(labels or {})
-        revision = after_revision
 
-        def open_call() -> Any:
+        def open_after(revision: int) -> Any:
             request = pb.WatchRunsRequest(
                 run_id=run_id, label_selector=selector, include_steps=include_steps, after_revision=revision
             )
             return self.stub.WatchRuns(request, metadata=self._metadata)
 
-        def restart() -> str:
-            nonlocal revision
-            was, revision = revision, 0
-            return f"revision {was}"
-
-        async for message in resumable("run watch", open_call, self._retry, restart):
-            if message.type != pb.RUN_CHANGE_TYPE_SNAPSHOT:
-                revision = message.revision
-            yield message
+        return revision_watch("run watch", open_after, after_revision, pb.RUN_CHANGE_TYPE_SNAPSHOT, self._retry)

@@ -9,20 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from services.client import (
-    AlreadyExists,
-    Cancelled,
-    Conflict,
-    FailedPrecondition,
-    InvalidArgument,
-    LedgerError,
-    NotFound,
-    OutOfRange,
-    Refused,
-    ResourceExhausted,
-    Transient,
-)
-from services.client.errors import ERROR_BY_STATUS
+from services.client import errors as ledger
 
 log = logging.getLogger(__name__)
 
@@ -57,28 +44,28 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
 # The client's error of a failed ledger call -> error kind: the one meaning each ledger status has for the proxy's
 # callers, on every route and in every dialect. A class not listed takes its nearest listed base; anything else is
 # logged and becomes "internal".
-LEDGER_ERROR_KINDS: dict[type[LedgerError], str] = {
-    NotFound: "rollout_not_found",
-    FailedPrecondition: "rollout_terminal",
-    InvalidArgument: "invalid_request",
-    AlreadyExists: "event_conflict",
-    Conflict: "conflict",  # ABORTED: a compare-and-set lost (google/rpc/code.proto: HTTP 409)
-    OutOfRange: "invalid_request",
-    Transient: "ledger_unavailable",
-    Cancelled: "ledger_unavailable",
-    ResourceExhausted: "quota_exceeded",
+LEDGER_ERROR_KINDS: dict[type[ledger.LedgerError], str] = {
+    ledger.NotFound: "rollout_not_found",
+    ledger.FailedPrecondition: "rollout_terminal",
+    ledger.InvalidArgument: "invalid_request",
+    ledger.AlreadyExists: "event_conflict",
+    ledger.Conflict: "conflict",  # ABORTED: a compare-and-set lost (google/rpc/code.proto: HTTP 409)
+    ledger.OutOfRange: "invalid_request",
+    ledger.Transient: "ledger_unavailable",
+    ledger.Cancelled: "ledger_unavailable",
+    ledger.ResourceExhausted: "quota_exceeded",
     # The ledger refuses the proxy's own key: the operator's mistake, not the agent's; nothing was recorded.
-    Refused: "ledger_refused",
+    ledger.Refused: "ledger_refused",
 }
 
 # Agent Lightning v1.0's REST routes (rest_routes.py) answer {"detail": ...} bodies with the status of ERROR_TABLE,
 # except that a request the ledger finds invalid is FastAPI's 422 there, as in v1.0.
 V1_STATUS_OVERRIDES: dict[str, int] = {"invalid_request": 422}
 
-_ERROR_BY_NAME: dict[str, type[LedgerError]] = {code.name: cls for code, cls in ERROR_BY_STATUS.items()}
+_ERROR_BY_NAME: dict[str, type[ledger.LedgerError]] = {code.name: cls for code, cls in ledger.ERROR_BY_STATUS.items()}
 
 
-def ledger_kind(error: type[LedgerError]) -> str | None:
+def ledger_kind(error: type[ledger.LedgerError]) -> str | None:
     """The error kind of a ledger error class (its own entry or its nearest base's), None when unmapped."""
     return next((LEDGER_ERROR_KINDS[c] for c in error.__mro__ if c in LEDGER_ERROR_KINDS), None)
 
@@ -102,13 +89,13 @@ class ProxyError(Exception):
         return {"error": {"message": self.message, "type": ERROR_TABLE[self.kind][1], "code": self.kind}}
 
 
-def v1_status(err: LedgerError) -> int | None:
+def v1_status(err: ledger.LedgerError) -> int | None:
     """The HTTP status of a ledger error on v1.0's REST routes; None when unmapped (answered 500 and logged)."""
     kind = ledger_kind(type(err))
     return None if kind is None else V1_STATUS_OVERRIDES.get(kind, ERROR_TABLE[kind][0])
 
 
-def from_ledger(err: LedgerError, what: str) -> ProxyError:
+def from_ledger(err: ledger.LedgerError, what: str) -> ProxyError:
     """The ProxyError for a ledger call `what` that failed with `err`."""
     return ledger_error(err.code_name, err.details() or "", what)
 
