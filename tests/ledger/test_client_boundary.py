@@ -8,18 +8,8 @@ import contextlib
 
 import pytest
 
-from services.client import (
-    ROLLOUTS,
-    Conflict,
-    FailedPrecondition,
-    Handler,
-    Informer,
-    LedgerClient,
-    LedgerError,
-    NotFound,
-    Refused,
-    RetryPolicy,
-)
+from services.client import ROLLOUTS, Handler, Informer, LedgerClient, RetryPolicy
+from services.client import errors as ledger
 from services.proxy.errors import from_ledger, v1_status
 from tests.support.procs import ServiceProcess, start_ledger
 
@@ -33,18 +23,18 @@ async def client(ledger_proc: ServiceProcess):
 
 
 async def test_each_status_raises_its_own_error_class(client: LedgerClient, uid: str) -> None:
-    with pytest.raises(NotFound) as missing:
+    with pytest.raises(ledger.NotFound) as missing:
         await client.get_rollout(f"{uid}-missing")
     assert missing.value.code_name == "NOT_FOUND" and f"{uid}-missing" in missing.value.message
 
     rollout_id = f"{uid}-cas"
     (created,) = await client.create_rollouts([spec(rollout_id)])
     await client.update_status(rollout_id, RUNNING, attempt_id="a1", expected_version=created.status.version)
-    with pytest.raises(Conflict) as lost:  # the same compare-and-set again: the version has moved on
+    with pytest.raises(ledger.Conflict) as lost:  # the same compare-and-set again: the version has moved on
         await client.update_status(rollout_id, RUNNING, attempt_id="a2", expected_version=created.status.version)
     assert lost.value.code_name == "ABORTED"
     await client.update_status(rollout_id, SUCCEEDED)
-    with pytest.raises(FailedPrecondition) as ended:
+    with pytest.raises(ledger.FailedPrecondition) as ended:
         await client.update_status(rollout_id, RUNNING, attempt_id="a3")
     assert "succeeded" in ended.value.message
 
@@ -54,11 +44,11 @@ async def test_each_status_raises_its_own_error_class(client: LedgerClient, uid:
 
 
 async def test_a_refused_key_is_refused_not_retried() -> None:
-    with start_ledger(key="right-key") as ledger:
-        async with LedgerClient(ledger.address, "wrong-key", retry=RetryPolicy(attempts=3)) as client:
-            with pytest.raises(Refused) as refused:
+    with start_ledger(key="right-key") as keyed:
+        async with LedgerClient(keyed.address, "wrong-key", retry=RetryPolicy(attempts=3)) as client:
+            with pytest.raises(ledger.Refused) as refused:
                 await client.get_proxy_control()
-    assert isinstance(refused.value, LedgerError) and refused.value.code_name == "UNAUTHENTICATED"
+    assert isinstance(refused.value, ledger.LedgerError) and refused.value.code_name == "UNAUTHENTICATED"
 
 
 class _Heard(Handler[object]):
