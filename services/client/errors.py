@@ -11,6 +11,8 @@ What a caller may do about an error is said here, once, by the class:
 - `RETRY_LATER`: the errors after which an idempotent call (ids chosen by the caller) is worth sending again
   after a pause: `Transient`, plus ABORTED, RESOURCE_EXHAUSTED, INTERNAL and UNKNOWN, which a busy or restarting
   ledger can answer to a call that a later try stores (google/rpc/code.proto: ABORTED is retried at a higher level).
+- `STREAM_RESUMABLE` and `APPEND_STREAM_REOPEN`: the ends after which a watch, or the append stream, is opened
+  again (each says why it is the set it is).
 - `Refused` (UNAUTHENTICATED, PERMISSION_DENIED): the ledger refuses the caller's key; an operator must fix it.
 """
 
@@ -124,6 +126,13 @@ RETRY_LATER: tuple[type[LedgerError], ...] = (Transient, Conflict, ResourceExhau
 # A watch cut with one of these is re-opened from its resume point (a restart, a slow consumer cut off, a broken
 # connection); anything else ends it.
 STREAM_RESUMABLE: tuple[type[LedgerError], ...] = (Unavailable, ResourceExhausted, Internal)
+
+# The append stream (append_stream.py) is re-opened, and its unanswered requests written again, when the stream as a
+# whole ends with one of these. It differs from STREAM_RESUMABLE on purpose: a refusal of one request comes back as
+# that request's own answer and leaves the stream open, so the stream's own status is about the transport: UNKNOWN
+# (the ledger failed mid-stream) and CANCELLED (the call cut under it, not refused) are worth another stream, while
+# RESOURCE_EXHAUSTED, which a watch meets when it falls behind, is not something an append stream is cut for.
+APPEND_STREAM_REOPEN: tuple[type[LedgerError], ...] = (Unavailable, Internal, Unknown, Cancelled)
 
 
 def typed(err: grpc.aio.AioRpcError) -> LedgerError:
