@@ -19,6 +19,7 @@ forward to that plumbing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -132,6 +133,16 @@ class LedgerClient(RunMethods):
     async def _unary(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
         return await self._with_retries(method, getattr(self.stub, method), request, timeout_s)
 
+    async def _every_page(self, method: str, request: Any, items: str) -> list[Any]:
+        """Every item of a paginated List call: the request's pages in order, `items` naming the response's list."""
+        found: list[Any] = []
+        while True:
+            response = await self._unary(method, request)
+            found.extend(getattr(response, items))
+            if not response.next_page_token:
+                return found
+            request.page_token = response.next_page_token
+
     async def _with_retries(
         self, method: str, call: Callable[..., Awaitable[Any]], request: Any, timeout_s: float | None = None
     ) -> Any:
@@ -174,21 +185,10 @@ class LedgerClient(RunMethods):
         page_size: int = 500,
     ) -> list[rollout_pb2.Rollout]:
         """Every matching rollout (walks all pages)."""
-        found: list[rollout_pb2.Rollout] = []
-        token = ""
-        while True:
-            request = ledger_service_pb2.ListRolloutsRequest(
-                states=list(states),
-                label_selector=dict(labels or {}),
-                controller_id=controller_id,
-                page_size=page_size,
-                page_token=token,
-            )
-            response = await self._unary("ListRollouts", request)
-            found.extend(response.rollouts)
-            token = response.next_page_token
-            if not token:
-                return found
+        request = ledger_service_pb2.ListRolloutsRequest(
+            states=list(states), label_selector=dict(labels or {}), controller_id=controller_id, page_size=page_size
+        )
+        return await self._every_page("ListRollouts", request, "rollouts")
 
     async def list_rollouts_page(
         self,
@@ -299,22 +299,10 @@ class LedgerClient(RunMethods):
         page_size: int = 1000,
     ) -> list[event_pb2.Event]:
         """Every matching event of the rollout, in sequence order (walks all pages)."""
-        found: list[event_pb2.Event] = []
-        token = ""
-        while True:
-            request = ledger_service_pb2.ListEventsRequest(
-                rollout_id=rollout_id,
-                attempt_id=attempt_id,
-                event_type=event_type,
-                view=view,
-                page_size=page_size,
-                page_token=token,
-            )
-            response = await self._unary("ListEvents", request)
-            found.extend(response.events)
-            token = response.next_page_token
-            if not token:
-                return found
+        request = ledger_service_pb2.ListEventsRequest(
+            rollout_id=rollout_id, attempt_id=attempt_id, event_type=event_type, view=view, page_size=page_size
+        )
+        return await self._every_page("ListEvents", request, "events")
 
     # -- streams --------------------------------------------------------------------------------------------
 
@@ -355,9 +343,11 @@ class LedgerClient(RunMethods):
             )
             return self.stub.WatchTerminalRollouts(request, metadata=self._metadata)
 
-        async for message in resumable("terminal watch", open_call, self._retry):
-            cursor = message.entry.cursor
-            yield message.entry
+        # Closed with its consumer: the call ends then, not when the generator is collected.
+        async with contextlib.aclosing(resumable("terminal watch", open_call, self._retry)) as stream:
+            async for message in stream:
+                cursor = message.entry.cursor
+                yield message.entry
 
     async def list_terminal(
         self,
@@ -382,15 +372,8 @@ class LedgerClient(RunMethods):
         return list(response.endpoints)
 
     async def list_models(self, model_name: str = "") -> list[model_pb2.ModelEndpoint]:
-        found: list[model_pb2.ModelEndpoint] = []
-        token = ""
-        while True:
-            request = ledger_service_pb2.ListModelsRequest(model_name=model_name, page_size=500, page_token=token)
-            response = await self._unary("ListModels", request)
-            found.extend(response.endpoints)
-            token = response.next_page_token
-            if not token:
-                return found
+        request = ledger_service_pb2.ListModelsRequest(model_name=model_name, page_size=500)
+        return await self._every_page("ListModels", request, "endpoints")
 
     async def delete_models(self, keys: Sequence[model_pb2.ModelEndpointKey]) -> int:
         response = await self._unary("DeleteModels", ledger_service_pb2.DeleteModelsRequest(keys=keys))
@@ -460,5 +443,7 @@ class LedgerClient(RunMethods):
         def open_call() -> Any:
             return getattr(self.stub, method)(request, metadata=self._metadata)
 
-        async for message in resumable(method, open_call, self._retry):
-            yield message
+        # Closed with its consumer: the call ends then, not when the generator is collected.
+        async with contextlib.aclosing(resumable(method, open_call, self._retry)) as stream:
+            async for message in stream:
+                yield message

@@ -10,6 +10,7 @@ resets it for a fresh snapshot; a stream without a resume point ends on it like 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -40,10 +41,12 @@ def revision_watch(
 
     async def messages() -> AsyncIterator[Any]:
         nonlocal revision
-        async for message in resumable(what, open_call, retry, restart):
-            if message.type != snapshot_type:
-                revision = message.revision
-            yield message
+        # Closed with its consumer: the call ends then, not when the generator is collected.
+        async with contextlib.aclosing(resumable(what, open_call, retry, restart)) as stream:
+            async for message in stream:
+                if message.type != snapshot_type:
+                    revision = message.revision
+                yield message
 
     return messages()
 

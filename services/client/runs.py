@@ -26,6 +26,9 @@ class RunMethods:
     def _unary(self, method: str, request: Any, timeout_s: float | None = None) -> Awaitable[Any]:
         raise NotImplementedError
 
+    def _every_page(self, method: str, request: Any, items: str) -> Awaitable[list[Any]]:
+        raise NotImplementedError
+
     @property
     def stub(self) -> ledger_service_pb2_grpc.LedgerServiceStub:
         raise NotImplementedError
@@ -72,32 +75,17 @@ class RunMethods:
 
     async def list_runs(self, labels: Mapping[str, str] | None = None, states: Iterable[int] = ()) -> list[run_pb2.Run]:
         """Every matching run, in creation order (walks all pages)."""
-        found: list[run_pb2.Run] = []
-        token = ""
-        states = list(states)
-        while True:
-            response = await self.list_runs_page(labels, states, 1000, token)
-            found.extend(response.runs)
-            token = response.next_page_token
-            if not token:
-                return found
+        request = pb.ListRunsRequest(label_selector=dict(labels or {}), states=list(states), page_size=1000)
+        return await self._every_page("ListRuns", request, "runs")
 
     async def list_run_steps(
         self, run_id: str, after_step: int = 0, metric_names: Iterable[str] = ()
     ) -> list[run_pb2.RunStep]:
         """Every step of the run in step order (walks all pages); only the named metrics when given."""
-        found: list[run_pb2.RunStep] = []
-        token = ""
-        names = list(metric_names)
-        while True:
-            request = pb.ListRunStepsRequest(
-                run_id=run_id, after_step=after_step, metric_names=names, page_size=10000, page_token=token
-            )
-            response = await self._unary("ListRunSteps", request)
-            found.extend(response.steps)
-            token = response.next_page_token
-            if not token:
-                return found
+        request = pb.ListRunStepsRequest(
+            run_id=run_id, after_step=after_step, metric_names=list(metric_names), page_size=10000
+        )
+        return await self._every_page("ListRunSteps", request, "steps")
 
     def watch_runs(
         self,
