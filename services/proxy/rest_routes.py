@@ -6,8 +6,9 @@ these routes beside the model routes and a v1.0 script only needs the proxy's UR
 key (`Authorization: Bearer` or `x-api-key`). Paths, bodies and status codes are v1.0's: 201 on create (also for
 ids that exist: create is idempotent), 204 on delete (also for ids that do not exist), 404 for an unknown rollout,
 409 for an illegal transition, 422 for a body v1.0 would refuse, errors as {"detail": ...} in v1.0's words where
-v1.0 had them. The ledger refusing or being away maps through one table (errors.V1_STATUS_CODES; 503 when it cannot
-be reached). v1.0's gateway management (/proxy/pause, /proxy/resume, /proxy/state) is here too, over the
+v1.0 had them. A ledger error maps through the proxy's one table (errors.LEDGER_ERROR_KINDS, as on the agents'
+routes: 409 for ABORTED, 503 when the ledger cannot be reached), only a request it finds invalid being 422 here.
+v1.0's gateway management (/proxy/pause, /proxy/resume, /proxy/state) is here too, over the
 coordinator (v1_gateway.py). v1.0's one attempt "0" lists, as v1.0 had it, everything posted to the rollout's
 current attempt and what was posted before any claim (filed under no attempt, shown as "0").
 """
