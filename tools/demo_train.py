@@ -32,6 +32,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from services.cli.train import plan as train_plan  # noqa: E402
 from services.cli.train import session  # noqa: E402
 from tools.demo_agents import AGENTS, DemoAgent  # noqa: E402
 
@@ -162,7 +163,7 @@ RUN_PARTS = ("run.json", "stack", "state", "checkpoints", "logs", "model", "key"
 
 def clear_previous_run(output_dir: Path) -> None:
     """Removes an earlier demo run's files from output_dir; a folder holding anything else is refused."""
-    record = session.read_run_file(output_dir)
+    record = train_plan.read_run_file(output_dir)
     if record is None:
         return
     if not str(record.get("run_id", "")).startswith("demo-"):

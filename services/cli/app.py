@@ -7,9 +7,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-import grpc
-
-from services.client import LedgerClient, RetryPolicy
+from services.client import LedgerClient, LedgerError, RetryPolicy
 
 from . import errors, local, ops, rollouts, runs
 from .config import add_global_flags, from_args
@@ -38,7 +36,7 @@ async def run(args: argparse.Namespace) -> int:
     client = LedgerClient(config.ledger, config.key, retry=retry, call_timeout_s=config.timeout_s)
     try:
         return await args.handler(client, args)
-    except grpc.aio.AioRpcError as err:
+    except LedgerError as err:
         raise errors.from_rpc(err, config.ledger) from None
     finally:
         await client.close()

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-import grpc
+from services.client import InvalidArgument, LedgerError, NotFound, OutOfRange, Refused, Transient
 
 OK = 0
 FAILURE = 1
@@ -24,17 +24,15 @@ class CliError(Exception):
         self.code = code
 
 
-def from_rpc(err: grpc.aio.AioRpcError, address: str) -> CliError:
-    code = err.code()
-    details = err.details() or code.name
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+def from_rpc(err: LedgerError, address: str) -> CliError:
+    if isinstance(err, Transient):
         return CliError(
-            f"cannot reach the ledger at {address} ({code.name.lower()}); is it running? "
+            f"cannot reach the ledger at {address} ({err.code_name.lower()}); is it running? "
             "set --ledger or AGL_LEDGER_ADDR",
             UNREACHABLE,
         )
-    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-        return CliError(f"the ledger at {address} refused the key ({details}); set --key or AGL_KEY", DENIED)
-    if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
-        return CliError(details, USAGE)
-    return CliError(f"{details} ({code.name})", FAILURE)
+    if isinstance(err, Refused):
+        return CliError(f"the ledger at {address} refused the key ({err.message}); set --key or AGL_KEY", DENIED)
+    if isinstance(err, (NotFound, InvalidArgument, OutOfRange)):
+        return CliError(err.message, USAGE)
+    return CliError(f"{err.message} ({err.code_name})", FAILURE)

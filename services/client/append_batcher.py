@@ -24,6 +24,7 @@ import grpc
 
 from services._gen.agl.v1 import ledger_service_pb2
 
+from . import errors
 from .append_stream import await_within
 
 log = logging.getLogger(__name__)
@@ -35,15 +36,11 @@ SendAppend = Callable[[bytes], Awaitable[ledger_service_pb2.AppendEventsResponse
 # A merged append refused with one of these was refused as a whole, whatever it held: each caller gets the status.
 # Anything else (a bad event, a missing rollout, a reused event id, an error nobody expected) may be one caller's
 # doing, so each part is then sent alone and only its own caller sees its own answer.
-_REQUEST_WIDE_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.UNAUTHENTICATED,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.UNIMPLEMENTED,
-    }
+_REQUEST_WIDE: tuple[type[errors.LedgerError], ...] = (
+    errors.Transient,  # UNAVAILABLE, DEADLINE_EXCEEDED
+    errors.Cancelled,
+    errors.Refused,  # UNAUTHENTICATED, PERMISSION_DENIED
+    errors.Unimplemented,
 )
 
 
@@ -126,16 +123,17 @@ class AppendBatcher:
         self.requests += 1
         try:
             response = await self._send(b"".join(p.request for p in batch))
-        except grpc.aio.AioRpcError as err:
-            if len(batch) > 1 and err.code() not in _REQUEST_WIDE_CODES:
-                log.debug("merged append of %d calls refused (%s); sending each alone", len(batch), err.code().name)
+        except grpc.aio.AioRpcError as raw:
+            err = errors.typed(raw)
+            if len(batch) > 1 and not isinstance(err, _REQUEST_WIDE):
+                log.debug("merged append of %d calls refused (%s); sending each alone", len(batch), err.code_name)
                 # All at once: the parts are written in queue order (each caller's events keep their order) and
                 # the ledger answers them together, so a refused merge costs one more round trip, not one per part.
                 await asyncio.gather(*(self._send_batch([p]) for p in batch if not p.future.done()))
                 return
             for pending in batch:
                 if not pending.future.done():
-                    pending.future.set_exception(_copy_error(err) if len(batch) > 1 else err)
+                    pending.future.set_exception(errors.copy(err) if len(batch) > 1 else err)
             return
         if len(batch) == 1:
             if not batch[0].future.done():
@@ -147,10 +145,3 @@ class AppendBatcher:
             if not pending.future.done():
                 pending.future.set_result(Response(sequences=sequences[start:end], attempt_ids=attempts[start:end]))
             start = end
-
-
-def _copy_error(err: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
-    """The same status for another caller (one exception object raised in several tasks would share tracebacks)."""
-    return grpc.aio.AioRpcError(
-        err.code(), err.initial_metadata(), err.trailing_metadata(), err.details(), err.debug_error_string()
-    )

@@ -26,6 +26,8 @@ import grpc
 from services import wire
 from services._gen.agl.v1 import ledger_service_pb2
 
+from . import errors
+from .errors import LedgerError
 from .retry import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -34,12 +36,7 @@ Response = ledger_service_pb2.AppendEventsResponse
 # Opens a StreamAppendEvents call that takes serialized requests and yields parsed responses.
 OpenStream = Callable[[], grpc.aio.StreamStreamCall]
 
-# A stream that ends with one of these is opened again; anything else (a wrong key, say) fails what is pending.
 T = TypeVar("T")
-
-_REOPEN_CODES = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
-)
 
 
 @dataclass
@@ -58,8 +55,8 @@ def frame(request_id: int, request: bytes) -> bytes:
     return _REQUEST_ID_TAG + wire.varint(request_id) + wire.field(_APPEND_FIELD, request)
 
 
-def _error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+def _error(code: grpc.StatusCode, details: str) -> LedgerError:
+    return errors.error(code, details)
 
 
 async def await_within(future: asyncio.Future[T], seconds: float | None, details: str) -> T:
@@ -157,7 +154,9 @@ class AppendStream:
             failures = 0 if answered else failures + 1
             if not self._unanswered:
                 continue
-            if error.code() not in _REOPEN_CODES or failures >= max(self._retry.attempts, 1):
+            # A stream that ended otherwise (a wrong key, say) fails what is pending.
+            reopen = isinstance(errors.typed(error), errors.APPEND_STREAM_REOPEN)
+            if not reopen or failures >= max(self._retry.attempts, 1):
                 log.debug("ledger append stream failed (%s); failing %d requests", error.code().name,
                           len(self._unanswered))  # fmt: skip
                 for item in list(self._unanswered.values()):

@@ -1,6 +1,8 @@
 """LedgerClient: typed helpers over the generated LedgerService stub.
 
-Unary calls are retried on UNAVAILABLE with capped, jittered exponential backoff. Retrying is safe because
+Every failed call raises one of the typed errors of errors.py (mapped from the gRPC status where it enters the
+client). Unary calls are retried on UNAVAILABLE with capped, jittered exponential backoff: the one retry policy
+of the client's unary calls (`RetryPolicy`; long-running workers pass `THROUGH_RESTARTS`). Retrying is safe because
 the client fills in caller-chosen ids (rollout ids, event ids) before the first try, so a retry after a lost
 response finds the stored item instead of creating a second one. Watches reconnect by themselves and resume
 from the last revision or cursor they delivered.
@@ -8,11 +10,16 @@ from the last revision or cursor they delivered.
 Concurrent `append_events` calls are coalesced into shared AppendEvents requests (see append_batcher); each
 caller still gets its own answer or its own error. The requests travel over one long-lived StreamAppendEvents
 call (see append_stream), which costs about half of what a unary call does.
+
+Past 400 lines: one short typed method per RPC of LedgerService (runs' methods are mixed in from runs.py), and
+the plumbing they share (the channel, the retry policy, the append path); split further, each part would only
+forward to that plumbing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -32,17 +39,13 @@ from services._gen.agl.v1 import (
 
 from .append_batcher import AppendBatcher
 from .append_stream import AppendStream
+from .errors import Unavailable, typed
+from .resumable import resumable, revision_watch
 from .retry import RetryPolicy
 from .runs import RunMethods
 
 log = logging.getLogger(__name__)
 
-LedgerError = grpc.aio.AioRpcError
-
-# Codes after which a stream is re-opened from its resume point rather than given up.
-_STREAM_RESUMABLE = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL}
-)
 _DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _APPEND_METHOD = "/agl.v1.LedgerService/AppendEvents"
 _APPEND_STREAM_METHOD = "/agl.v1.LedgerService/StreamAppendEvents"
@@ -130,6 +133,16 @@ class LedgerClient(RunMethods):
     async def _unary(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
         return await self._with_retries(method, getattr(self.stub, method), request, timeout_s)
 
+    async def _every_page(self, method: str, request: Any, items: str) -> list[Any]:
+        """Every item of a paginated List call: the request's pages in order, `items` naming the response's list."""
+        found: list[Any] = []
+        while True:
+            response = await self._unary(method, request)
+            found.extend(getattr(response, items))
+            if not response.next_page_token:
+                return found
+            request.page_token = response.next_page_token
+
     async def _with_retries(
         self, method: str, call: Callable[..., Awaitable[Any]], request: Any, timeout_s: float | None = None
     ) -> Any:
@@ -137,12 +150,13 @@ class LedgerClient(RunMethods):
         while True:
             try:
                 return await call(request, metadata=self._metadata, timeout=timeout_s or self._call_timeout_s)
-            except grpc.aio.AioRpcError as err:
-                if err.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise
+            except grpc.aio.AioRpcError as raw:
+                err = typed(raw)  # the client's edge: callers see only the typed errors of errors.py
+                if not isinstance(err, Unavailable):
+                    raise err from None
                 delay = next(delays, None)
                 if delay is None:
-                    raise
+                    raise err from None
                 log.debug("ledger %s unavailable (%s); retrying in %.3fs", method, err.details(), delay)
                 await asyncio.sleep(delay)
 
@@ -171,21 +185,10 @@ class LedgerClient(RunMethods):
         page_size: int = 500,
     ) -> list[rollout_pb2.Rollout]:
         """Every matching rollout (walks all pages)."""
-        found: list[rollout_pb2.Rollout] = []
-        token = ""
-        while True:
-            request = ledger_service_pb2.ListRolloutsRequest(
-                states=list(states),
-                label_selector=dict(labels or {}),
-                controller_id=controller_id,
-                page_size=page_size,
-                page_token=token,
-            )
-            response = await self._unary("ListRollouts", request)
-            found.extend(response.rollouts)
-            token = response.next_page_token
-            if not token:
-                return found
+        request = ledger_service_pb2.ListRolloutsRequest(
+            states=list(states), label_selector=dict(labels or {}), controller_id=controller_id, page_size=page_size
+        )
+        return await self._every_page("ListRollouts", request, "rollouts")
 
     async def list_rollouts_page(
         self,
@@ -296,26 +299,14 @@ class LedgerClient(RunMethods):
         page_size: int = 1000,
     ) -> list[event_pb2.Event]:
         """Every matching event of the rollout, in sequence order (walks all pages)."""
-        found: list[event_pb2.Event] = []
-        token = ""
-        while True:
-            request = ledger_service_pb2.ListEventsRequest(
-                rollout_id=rollout_id,
-                attempt_id=attempt_id,
-                event_type=event_type,
-                view=view,
-                page_size=page_size,
-                page_token=token,
-            )
-            response = await self._unary("ListEvents", request)
-            found.extend(response.events)
-            token = response.next_page_token
-            if not token:
-                return found
+        request = ledger_service_pb2.ListEventsRequest(
+            rollout_id=rollout_id, attempt_id=attempt_id, event_type=event_type, view=view, page_size=page_size
+        )
+        return await self._every_page("ListEvents", request, "events")
 
     # -- streams --------------------------------------------------------------------------------------------
 
-    async def watch_rollouts(
+    def watch_rollouts(
         self,
         states: Iterable[int] = (),
         labels: Mapping[str, str] | None = None,
@@ -325,42 +316,16 @@ class LedgerClient(RunMethods):
 
         When the ledger no longer keeps that revision (OUT_OF_RANGE) it starts over with a fresh snapshot.
         """
-        states = list(states)
-        selector = dict(labels or {})
-        revision = after_revision
-        failures = 0
-        while True:
+        states, selector = list(states), dict(labels or {})
+
+        def open_after(revision: int) -> Any:
             request = ledger_service_pb2.WatchRolloutsRequest(
                 states=states, label_selector=selector, after_revision=revision
             )
-            call = self.stub.WatchRollouts(request, metadata=self._metadata)
-            try:
-                async for message in call:
-                    failures = 0
-                    # Snapshot items all carry the snapshot's revision; the resume point moves only once the
-                    # snapshot is complete (SYNCED), so a cut mid-snapshot replays the snapshot.
-                    if message.type != ledger_service_pb2.ROLLOUT_CHANGE_TYPE_SNAPSHOT:
-                        revision = message.revision
-                    yield message
-                failures += 1  # the server ended the stream (e.g. shutting down): reconnect after a pause
-                await asyncio.sleep(self._retry.reconnect_delay(failures))
-            except grpc.aio.AioRpcError as err:
-                if err.code() == grpc.StatusCode.OUT_OF_RANGE:
-                    log.warning("rollout watch: revision %d no longer kept (%s); re-listing", revision, err.details())
-                    revision = 0
-                    continue
-                if err.code() not in _STREAM_RESUMABLE:
-                    raise
-                failures += 1
-                log.info(
-                    "rollout watch interrupted (%s: %s); resuming after revision %d",
-                    err.code().name,
-                    err.details(),
-                    revision,
-                )
-                await asyncio.sleep(self._retry.reconnect_delay(failures))
-            finally:
-                call.cancel()
+            return self.stub.WatchRollouts(request, metadata=self._metadata)
+
+        snapshot = ledger_service_pb2.ROLLOUT_CHANGE_TYPE_SNAPSHOT
+        return revision_watch("rollout watch", open_after, after_revision, snapshot, self._retry)
 
     async def watch_terminal(
         self,
@@ -371,32 +336,18 @@ class LedgerClient(RunMethods):
         """Terminal rollouts in completion order; reconnects and resumes after the last cursor delivered."""
         selector = dict(labels or {})
         cursor = after_cursor
-        failures = 0
-        while True:
+
+        def open_call() -> Any:
             request = ledger_service_pb2.WatchTerminalRolloutsRequest(
                 after_cursor=cursor, label_selector=selector, include_events=include_events
             )
-            call = self.stub.WatchTerminalRollouts(request, metadata=self._metadata)
-            try:
-                async for message in call:
-                    failures = 0
-                    cursor = message.entry.cursor
-                    yield message.entry
-                failures += 1
-                await asyncio.sleep(self._retry.reconnect_delay(failures))
-            except grpc.aio.AioRpcError as err:
-                if err.code() not in _STREAM_RESUMABLE:
-                    raise
-                failures += 1
-                log.info(
-                    "terminal watch interrupted (%s: %s); resuming after cursor %d",
-                    err.code().name,
-                    err.details(),
-                    cursor,
-                )
-                await asyncio.sleep(self._retry.reconnect_delay(failures))
-            finally:
-                call.cancel()
+            return self.stub.WatchTerminalRollouts(request, metadata=self._metadata)
+
+        # Closed with its consumer: the call ends then, not when the generator is collected.
+        async with contextlib.aclosing(resumable("terminal watch", open_call, self._retry)) as stream:
+            async for message in stream:
+                cursor = message.entry.cursor
+                yield message.entry
 
     async def list_terminal(
         self,
@@ -421,15 +372,8 @@ class LedgerClient(RunMethods):
         return list(response.endpoints)
 
     async def list_models(self, model_name: str = "") -> list[model_pb2.ModelEndpoint]:
-        found: list[model_pb2.ModelEndpoint] = []
-        token = ""
-        while True:
-            request = ledger_service_pb2.ListModelsRequest(model_name=model_name, page_size=500, page_token=token)
-            response = await self._unary("ListModels", request)
-            found.extend(response.endpoints)
-            token = response.next_page_token
-            if not token:
-                return found
+        request = ledger_service_pb2.ListModelsRequest(model_name=model_name, page_size=500)
+        return await self._every_page("ListModels", request, "endpoints")
 
     async def delete_models(self, keys: Sequence[model_pb2.ModelEndpointKey]) -> int:
         response = await self._unary("DeleteModels", ledger_service_pb2.DeleteModelsRequest(keys=keys))
@@ -506,20 +450,10 @@ class LedgerClient(RunMethods):
 
     async def _watch_forever(self, method: str, request: Any) -> AsyncIterator[Any]:
         # For state-style streams (each message is the whole state) a reconnect simply starts over.
-        failures = 0
-        while True:
-            call = getattr(self.stub, method)(request, metadata=self._metadata)
-            try:
-                async for message in call:
-                    failures = 0
-                    yield message
-                failures += 1
-                await asyncio.sleep(self._retry.reconnect_delay(failures))
-            except grpc.aio.AioRpcError as err:
-                if err.code() not in _STREAM_RESUMABLE:
-                    raise
-                failures += 1
-                log.info("%s interrupted (%s: %s); reconnecting", method, err.code().name, err.details())
-                await asyncio.sleep(self._retry.reconnect_delay(failures))
-            finally:
-                call.cancel()
+        def open_call() -> Any:
+            return getattr(self.stub, method)(request, metadata=self._metadata)
+
+        # Closed with its consumer: the call ends then, not when the generator is collected.
+        async with contextlib.aclosing(resumable(method, open_call, self._retry)) as stream:
+            async for message in stream:
+                yield message

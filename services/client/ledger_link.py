@@ -10,9 +10,8 @@ from __future__ import annotations
 import logging
 import time
 
-import grpc
+from .errors import LedgerError, Refused
 
-REFUSED_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 OK = "ok"
 UNREACHABLE = "ledger_unreachable"
 REFUSED = "ledger_refused_key"
@@ -58,17 +57,15 @@ class LedgerLink:
                 self._log.info("ledger at %s answers again", self.ledger)
             self._set(OK, "")
 
-    def failed(self, err: grpc.aio.AioRpcError) -> None:
-        code = err.code()
-        if code in REFUSED_CODES:
+    def failed(self, err: LedgerError) -> None:
+        if isinstance(err, Refused):
             if self.state != REFUSED:
-                message = refused_message(self.ledger, err.details() or code.name, self.service)
-                self._log.error("%s%s", message, self._refused_note)
-            self._set(REFUSED, f"{self._the_ledger} refused the {self.service}'s key ({code.name})")
+                self._log.error("%s%s", refused_message(self.ledger, err.message, self.service), self._refused_note)
+            self._set(REFUSED, f"{self._the_ledger} refused the {self.service}'s key ({err.code_name})")
         else:
             if self.state != UNREACHABLE:
-                self._log.warning("ledger at %s unreachable (%s); retrying with backoff", self.ledger, code.name)
-            self._set(UNREACHABLE, f"{self._the_ledger} did not answer ({code.name})")
+                self._log.warning("ledger at %s unreachable (%s); retrying with backoff", self.ledger, err.code_name)
+            self._set(UNREACHABLE, f"{self._the_ledger} did not answer ({err.code_name})")
 
     def _set(self, state: str, detail: str) -> None:
         if state != self.state:

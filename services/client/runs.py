@@ -7,21 +7,14 @@ from the last revision it delivered; when the ledger no longer keeps it, it star
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from typing import Any
-
-import grpc
 
 from services._gen.agl.v1 import ledger_service_pb2 as pb
 from services._gen.agl.v1 import ledger_service_pb2_grpc, run_pb2
 
+from .resumable import revision_watch
 from .retry import RetryPolicy
-
-log = logging.getLogger(__name__)
-
-_RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL})
 
 
 class RunMethods:
@@ -31,6 +24,9 @@ class RunMethods:
     _retry: RetryPolicy
 
     def _unary(self, method: str, request: Any, timeout_s: float | None = None) -> Awaitable[Any]:
+        raise NotImplementedError
+
+    def _every_page(self, method: str, request: Any, items: str) -> Awaitable[list[Any]]:
         raise NotImplementedError
 
     @property
@@ -79,34 +75,19 @@ class RunMethods:
 
     async def list_runs(self, labels: Mapping[str, str] | None = None, states: Iterable[int] = ()) -> list[run_pb2.Run]:
         """Every matching run, in creation order (walks all pages)."""
-        found: list[run_pb2.Run] = []
-        token = ""
-        states = list(states)
-        while True:
-            response = await self.list_runs_page(labels, states, 1000, token)
-            found.extend(response.runs)
-            token = response.next_page_token
-            if not token:
-                return found
+        request = pb.ListRunsRequest(label_selector=dict(labels or {}), states=list(states), page_size=1000)
+        return await self._every_page("ListRuns", request, "runs")
 
     async def list_run_steps(
         self, run_id: str, after_step: int = 0, metric_names: Iterable[str] = ()
     ) -> list[run_pb2.RunStep]:
         """Every step of the run in step order (walks all pages); only the named metrics when given."""
-        found: list[run_pb2.RunStep] = []
-        token = ""
-        names = list(metric_names)
-        while True:
-            request = pb.ListRunStepsRequest(
-                run_id=run_id, after_step=after_step, metric_names=names, page_size=10000, page_token=token
-            )
-            response = await self._unary("ListRunSteps", request)
-            found.extend(response.steps)
-            token = response.next_page_token
-            if not token:
-                return found
+        request = pb.ListRunStepsRequest(
+            run_id=run_id, after_step=after_step, metric_names=list(metric_names), page_size=10000
+        )
+        return await self._every_page("ListRunSteps", request, "steps")
 
-    async def watch_runs(
+    def watch_runs(
         self,
         run_id: str = "",
         labels: Mapping[str, str] | None = None,
@@ -115,30 +96,11 @@ class RunMethods:
     ) -> AsyncIterator[pb.WatchRunsResponse]:
         """Snapshot then changes; reconnects and resumes after the last revision it delivered."""
         selector = dict(labels or {})
-        revision = after_revision
-        failures = 0
-        while True:
+
+        def open_after(revision: int) -> Any:
             request = pb.WatchRunsRequest(
                 run_id=run_id, label_selector=selector, include_steps=include_steps, after_revision=revision
             )
-            call = self.stub.WatchRuns(request, metadata=self._metadata)
-            try:
-                async for message in call:
-                    failures = 0
-                    if message.type != pb.RUN_CHANGE_TYPE_SNAPSHOT:
-                        revision = message.revision
-                    yield message
-                failures += 1
-                await asyncio.sleep(self._retry.reconnect_delay(failures))
-            except grpc.aio.AioRpcError as err:
-                if err.code() == grpc.StatusCode.OUT_OF_RANGE:
-                    log.warning("run watch: revision %d no longer kept (%s); re-listing", revision, err.details())
-                    revision = 0
-                    continue
-                if err.code() not in _RESUMABLE:
-                    raise
-                failures += 1
-                log.info("run watch interrupted (%s); resuming after revision %d", err.code().name, revision)
-                await asyncio.sleep(self._retry.reconnect_delay(failures))
-            finally:
-                call.cancel()
+            return self.stub.WatchRuns(request, metadata=self._metadata)
+
+        return revision_watch("run watch", open_after, after_revision, pb.RUN_CHANGE_TYPE_SNAPSHOT, self._retry)

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import grpc
 import jinja2
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -22,7 +21,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 
 from services import http_serving
-from services.client import LedgerClient, RetryPolicy
+from services.client import LedgerClient, LedgerError, NotFound, RetryPolicy
 from services.printable import printable
 
 from . import pages
@@ -144,7 +143,7 @@ def create_app(config: ConsoleConfig, client: LedgerClient | None = None) -> Sta
         run_id = request.path_params["run_id"]
         try:
             data = await pages.run_detail(mirror, run_id)
-        except grpc.aio.AioRpcError as err:
+        except LedgerError as err:
             return ledger_error(request, err)
         return render("run.html.j2", request, watch=f"run:{run_id}", **data)
 
@@ -159,7 +158,7 @@ def create_app(config: ConsoleConfig, client: LedgerClient | None = None) -> Sta
         metric = request.query_params.get("metric", "")
         try:
             data = await pages.health_rollouts(mirror, run_id, step, metric)
-        except grpc.aio.AioRpcError as err:
+        except LedgerError as err:
             return ledger_error(request, err)
         return render("health.html.j2", request, watch=f"run:{run_id}", **data)
 
@@ -175,15 +174,15 @@ def create_app(config: ConsoleConfig, client: LedgerClient | None = None) -> Sta
         rollout_id = request.path_params["rollout_id"]
         try:
             data = await pages.rollout_detail(mirror, rollout_id, request.query_params.get("tokens") == "1")
-        except grpc.aio.AioRpcError as err:
+        except LedgerError as err:
             return ledger_error(request, err)
         return render("rollout.html.j2", request, watch=f"rollout:{rollout_id}", **data)
 
-    def ledger_error(request: Request, err: grpc.aio.AioRpcError) -> Response:
-        status = 404 if err.code() == grpc.StatusCode.NOT_FOUND else 502
+    def ledger_error(request: Request, err: LedgerError) -> Response:
+        status = 404 if isinstance(err, NotFound) else 502
         if status == 502:
-            log.warning("console: ledger call failed: %s: %s", err.code().name, err.details())
-        return render("error.html.j2", request, status=status, watch="", message=err.details() or err.code().name)
+            log.warning("console: ledger call failed: %s: %s", err.code_name, err.details())
+        return render("error.html.j2", request, status=status, watch="", message=err.message)
 
     async def events(request: Request) -> Response:
         if not signed_in(request):

@@ -13,9 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
-import grpc
-
-from services.client import REFUSED_CODES, LedgerClient, RetryPolicy
+from services.client import LedgerClient, LedgerError, Refused, RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +50,8 @@ class LedgerCheck:
     async def check_once(self) -> None:
         try:
             await self._client.get_proxy_control()
-        except grpc.aio.AioRpcError as err:
-            code = err.code()
-            failure = "it refuses the console's key" if code in REFUSED_CODES else code.name
+        except LedgerError as err:
+            failure = "it refuses the console's key" if isinstance(err, Refused) else err.code_name
             if failure != self._failure:
                 log.warning("ledger at %s: %s; the pages say so until it answers", self.ledger, failure)
                 self._failure = failure

@@ -3,6 +3,7 @@
 One WatchRollouts (every state), one WatchRuns (runs only), WatchModels and WatchProxyControl feed an
 in-memory mirror; pages render from it, and every change is offered to the open browsers' server-sent-event
 queues as a small notice naming its topics ("rollouts", "rollout:ID", "runs", "run:ID", "models", "proxy").
+Rollouts and runs are kept by the client's informers (list + watch + cache + synced, services/client/informer.py).
 At idle the console holds four open streams and sends the ledger one cheap call every few seconds (ledger_check: a
 hung ledger sends nothing either). A browser queue that fills is
 dropped (its page reconnects and re-renders).
@@ -17,11 +18,8 @@ import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-import grpc
-
-from services._gen.agl.v1 import ledger_service_pb2 as pb
 from services._gen.agl.v1 import model_pb2, proxy_control_pb2, rollout_pb2, run_pb2
-from services.client import LedgerClient
+from services.client import ROLLOUTS, RUNS, Handler, Informer, LedgerClient, LedgerError
 
 from .ledger_check import LedgerCheck
 
@@ -35,9 +33,11 @@ class Mirror:
     def __init__(self, client: LedgerClient) -> None:
         self.client = client
         self.check: LedgerCheck | None = None  # set before start(); it reports to ledger_changed
-        self.rollouts: dict[str, rollout_pb2.Rollout] = {}
         self.counts: collections.Counter[int] = collections.Counter()
-        self.runs: dict[str, run_pb2.Run] = {}
+        # One informer per keyed watch, kept across restarts of its watch: the pages show the last complete
+        # snapshot until a new one replaces it.
+        self._rollouts: Informer[rollout_pb2.Rollout] = Informer(client.watch_rollouts, ROLLOUTS, _RolloutNews(self))
+        self._runs: Informer[run_pb2.Run] = Informer(client.watch_runs, RUNS, _RunNews(self))
         self.models: list[model_pb2.ModelEndpoint] = []
         self.proxy = proxy_control_pb2.ProxyControl()
         self.synced = {"rollouts": asyncio.Event(), "runs": asyncio.Event()}
@@ -49,8 +49,8 @@ class Mirror:
 
     def start(self) -> None:
         for name, feed in (
-            ("rollouts", self._follow_rollouts),
-            ("runs", self._follow_runs),
+            ("rollouts", self._rollouts.run),
+            ("runs", self._runs.run),
             ("models", self._follow_models),
             ("proxy", self._follow_proxy),
         ):
@@ -67,6 +67,14 @@ class Mirror:
         if self.check is not None:
             await self.check.close()
         self.end_streams()
+
+    @property
+    def rollouts(self) -> dict[str, rollout_pb2.Rollout]:
+        return self._rollouts.items
+
+    @property
+    def runs(self) -> dict[str, run_pb2.Run]:
+        return self._runs.items
 
     def ledger_problem(self) -> str:
         """What the pages say about the ledger: "" while it answers the console's checks."""
@@ -92,8 +100,8 @@ class Mirror:
                 await feed()
             except asyncio.CancelledError:
                 raise
-            except grpc.aio.AioRpcError as err:
-                self.error = f"{name} watch: {err.code().name}: {err.details()}"
+            except LedgerError as err:
+                self.error = f"{name} watch: {err.code_name}: {err.details()}"
                 log.warning("console %s", self.error)
             except Exception as exc:
                 self.error = f"{name} watch: {type(exc).__name__}: {exc}"
@@ -126,64 +134,9 @@ class Mirror:
                 queue.put_nowait(None)  # the page reconnects
 
     def count_by_state(self) -> dict[str, int]:
-        return {
-            rollout_pb2.RolloutState.Name(s).removeprefix("ROLLOUT_STATE_").lower(): self.counts[s]
-            for s in (1, 2, 3, 4)
-        }
+        return {_state_name(s): self.counts[s] for s in (1, 2, 3, 4)}
 
     # -- feeds -----------------------------------------------------------------------------------------------------
-
-    async def _follow_rollouts(self) -> None:
-        snapshot: dict[str, rollout_pb2.Rollout] = {}
-        async with contextlib.aclosing(self.client.watch_rollouts()) as stream:
-            async for message in stream:
-                if message.type == pb.ROLLOUT_CHANGE_TYPE_SNAPSHOT:
-                    snapshot[message.rollout.rollout_id] = message.rollout
-                    continue
-                if message.type == pb.ROLLOUT_CHANGE_TYPE_SYNCED:
-                    if snapshot or not self.synced["rollouts"].is_set():
-                        self.rollouts = snapshot
-                        self.counts = collections.Counter(r.status.state for r in snapshot.values())
-                        snapshot = {}
-                    self.error = ""
-                    self.synced["rollouts"].set()
-                    self._notify({"topics": ["rollouts"], "counts": self.count_by_state()})
-                    continue
-                rollout = message.rollout
-                old = (
-                    self.rollouts.pop(rollout.rollout_id, None)
-                    if message.type == pb.ROLLOUT_CHANGE_TYPE_DELETE
-                    else (self.rollouts.get(rollout.rollout_id))
-                )
-                if old is not None:
-                    self.counts[old.status.state] -= 1
-                if message.type == pb.ROLLOUT_CHANGE_TYPE_UPSERT:
-                    self.rollouts[rollout.rollout_id] = rollout
-                    self.counts[rollout.status.state] += 1
-                state = rollout_pb2.RolloutState.Name(rollout.status.state).removeprefix("ROLLOUT_STATE_").lower()
-                run = rollout.metadata.labels.get("agl_run", "")
-                topics = ["rollouts", f"rollout:{rollout.rollout_id}"] + ([f"run:{run}"] if run else [])
-                self._notify(
-                    {"topics": topics, "id": rollout.rollout_id, "state": state, "counts": self.count_by_state()}
-                )
-
-    async def _follow_runs(self) -> None:
-        snapshot: dict[str, run_pb2.Run] = {}
-        async with contextlib.aclosing(self.client.watch_runs()) as stream:
-            async for message in stream:
-                if message.type == pb.RUN_CHANGE_TYPE_SNAPSHOT:
-                    snapshot[message.run.run_id] = message.run
-                elif message.type == pb.RUN_CHANGE_TYPE_SYNCED:
-                    if snapshot or not self.synced["runs"].is_set():
-                        self.runs, snapshot = snapshot, {}
-                    self.synced["runs"].set()
-                    self._notify({"topics": ["runs"]})
-                elif message.type == pb.RUN_CHANGE_TYPE_DELETE:
-                    self.runs.pop(message.run.run_id, None)
-                    self._notify({"topics": ["runs", f"run:{message.run.run_id}"]})
-                elif message.type == pb.RUN_CHANGE_TYPE_RUN:
-                    self.runs[message.run.run_id] = message.run
-                    self._notify({"topics": ["runs", f"run:{message.run.run_id}"], "step": message.run.last_step})
 
     async def _follow_models(self) -> None:
         async with contextlib.aclosing(self.client.watch_models()) as stream:
@@ -196,3 +149,57 @@ class Mirror:
             async for control in stream:
                 self.proxy = control
                 self._notify({"topics": ["proxy"]})
+
+
+def _state_name(state: int) -> str:
+    return rollout_pb2.RolloutState.Name(state).removeprefix("ROLLOUT_STATE_").lower()
+
+
+class _RolloutNews(Handler[rollout_pb2.Rollout]):
+    """Keeps the counts by state and tells the browsers what changed."""
+
+    def __init__(self, mirror: Mirror) -> None:
+        self._mirror = mirror
+
+    def on_synced(self, replaced: bool) -> None:
+        mirror = self._mirror
+        if replaced:
+            mirror.counts = collections.Counter(r.status.state for r in mirror.rollouts.values())
+        mirror.error = ""
+        mirror.synced["rollouts"].set()
+        mirror._notify({"topics": ["rollouts"], "counts": mirror.count_by_state()})
+
+    def on_upsert(self, old: rollout_pb2.Rollout | None, new: rollout_pb2.Rollout) -> None:
+        if old is not None:
+            self._mirror.counts[old.status.state] -= 1
+        self._mirror.counts[new.status.state] += 1
+        self._changed(new)
+
+    def on_delete(self, old: rollout_pb2.Rollout | None, gone: rollout_pb2.Rollout) -> None:
+        if old is not None:
+            self._mirror.counts[old.status.state] -= 1
+        self._changed(gone)
+
+    def _changed(self, rollout: rollout_pb2.Rollout) -> None:
+        run = rollout.metadata.labels.get("agl_run", "")
+        topics = ["rollouts", f"rollout:{rollout.rollout_id}"] + ([f"run:{run}"] if run else [])
+        counts = self._mirror.count_by_state()
+        state = _state_name(rollout.status.state)
+        self._mirror._notify({"topics": topics, "id": rollout.rollout_id, "state": state, "counts": counts})
+
+
+class _RunNews(Handler[run_pb2.Run]):
+    """Tells the browsers which runs changed."""
+
+    def __init__(self, mirror: Mirror) -> None:
+        self._mirror = mirror
+
+    def on_synced(self, replaced: bool) -> None:
+        self._mirror.synced["runs"].set()
+        self._mirror._notify({"topics": ["runs"]})
+
+    def on_upsert(self, old: run_pb2.Run | None, new: run_pb2.Run) -> None:
+        self._mirror._notify({"topics": ["runs", f"run:{new.run_id}"], "step": new.last_step})
+
+    def on_delete(self, old: run_pb2.Run | None, gone: run_pb2.Run) -> None:
+        self._mirror._notify({"topics": ["runs", f"run:{gone.run_id}"]})

@@ -23,15 +23,13 @@ import logging
 import time
 from typing import Any
 
-import grpc
-
 from services._gen.agl.v1 import proxy_control_pb2
-from services.client import LedgerClient, backoff_s
+from services.client import LedgerClient, LedgerError, Refused, backoff_s
 
 from .background import stop_tasks
-from .errors import ProxyError, ledger_error
+from .errors import ProxyError, from_ledger
 from .metrics import ProxyMetrics
-from .readiness import REFUSED_CODES, Readiness
+from .readiness import Readiness
 
 log = logging.getLogger(__name__)
 _DRAIN_POLL_S = 0.05
@@ -149,7 +147,7 @@ class Coordinator:
 
     async def stop(self) -> None:
         await stop_tasks(self._tasks)
-        with contextlib.suppress(grpc.aio.AioRpcError):
+        with contextlib.suppress(LedgerError):
             await self.client.report_proxy_replica(self.replica_id, 0, self.generation, self.ttl_s, leaving=True)
 
     async def _watch(self) -> None:
@@ -160,11 +158,11 @@ class Coordinator:
                     failures = 0
                     self.readiness.succeeded()
                     self.apply(control)
-            except grpc.aio.AioRpcError as err:
+            except LedgerError as err:
                 # Logged by the readiness tracker once per change of state (a refused key is one clear line).
                 failures += 1
                 self.readiness.failed(err)
-                log.debug("proxy control watch failed (%s); retrying", err.code().name)
+                log.debug("proxy control watch failed (%s); retrying", err.code_name)
                 await asyncio.sleep(backoff_s(failures))
 
     async def _heartbeat(self) -> None:
@@ -183,13 +181,13 @@ class Coordinator:
                 if self._report_failures:
                     log.info("replica %s reporting again", self.replica_id)
                 self._report_failures = 0
-            except grpc.aio.AioRpcError as err:
+            except LedgerError as err:
                 self._report_failures += 1
                 self.readiness.failed(err)
-                if err.code() not in REFUSED_CODES and (
+                if not isinstance(err, Refused) and (
                     self._report_failures in (1, 10) or self._report_failures % 100 == 0
                 ):
-                    log.warning("replica report failed %d time(s): %s", self._report_failures, err.code().name)
+                    log.warning("replica report failed %d time(s): %s", self._report_failures, err.code_name)
             wait_s = self.heartbeat_s
             if self._report_failures and self.readiness.state != "ok":
                 # Backs off while the ledger is away or refuses the key; a heartbeat is still cheap, so the cap is low.
@@ -203,8 +201,8 @@ class Coordinator:
     async def _ledger(self, what: str, call: Any) -> proxy_control_pb2.ProxyControl:
         try:
             return await call
-        except grpc.aio.AioRpcError as err:
-            raise ledger_error(err.code().name, err.details() or "", what) from None
+        except LedgerError as err:
+            raise from_ledger(err, what) from None
 
     async def pause(
         self, retry_after_s: int, reason: str, owner: str = "", lease_s: float = 0.0, model: str = ""

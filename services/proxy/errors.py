@@ -1,4 +1,4 @@
-"""Domain errors of the proxy and the one table that maps them, and ledger (gRPC) statuses, to HTTP.
+"""Domain errors of the proxy and the one table that maps them, and the client's typed ledger errors, to HTTP.
 
 An error's body is OpenAI-shaped, {"error": {"message", "type", "code"}}, with the status of the table; a route of
 another agent API answers it in that API's shape (error_shapes.py), the status unchanged.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+
+from services.client import errors as ledger
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +25,7 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
     "rollout_not_found": (404, "not_found_error"),
     "rollout_terminal": (409, "conflict_error"),
     "event_conflict": (409, "conflict_error"),
+    "conflict": (409, "conflict_error"),
     "body_too_large": (413, "invalid_request_error"),
     # The ledger refused to store the event over a per-rollout limit (or its size). 413, not 429: waiting frees
     # nothing, and the OpenAI and Anthropic SDKs retry 429 by themselves, each retry another engine call refused.
@@ -38,37 +41,33 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
     "upstream_timeout": (504, "upstream_error"),
 }
 
-# gRPC status name of a failed ledger call -> error kind. Anything else is logged and becomes "internal".
-LEDGER_STATUS_KINDS: dict[str, str] = {
-    "NOT_FOUND": "rollout_not_found",
-    "FAILED_PRECONDITION": "rollout_terminal",
-    "INVALID_ARGUMENT": "invalid_request",
-    "ALREADY_EXISTS": "event_conflict",
-    "OUT_OF_RANGE": "invalid_request",
-    "UNAVAILABLE": "ledger_unavailable",
-    "DEADLINE_EXCEEDED": "ledger_unavailable",
-    "RESOURCE_EXHAUSTED": "quota_exceeded",
-    "ABORTED": "ledger_unavailable",
-    "CANCELLED": "ledger_unavailable",
+# The client's error of a failed ledger call -> error kind: the one meaning each ledger status has for the proxy's
+# callers, on every route and in every dialect. A class not listed takes its nearest listed base; anything else is
+# logged and becomes "internal".
+LEDGER_ERROR_KINDS: dict[type[ledger.LedgerError], str] = {
+    ledger.NotFound: "rollout_not_found",
+    ledger.FailedPrecondition: "rollout_terminal",
+    ledger.InvalidArgument: "invalid_request",
+    ledger.AlreadyExists: "event_conflict",
+    ledger.Conflict: "conflict",  # ABORTED: a compare-and-set lost (google/rpc/code.proto: HTTP 409)
+    ledger.OutOfRange: "invalid_request",
+    ledger.Transient: "ledger_unavailable",
+    ledger.Cancelled: "ledger_unavailable",
+    ledger.ResourceExhausted: "quota_exceeded",
     # The ledger refuses the proxy's own key: the operator's mistake, not the agent's; nothing was recorded.
-    "UNAUTHENTICATED": "ledger_refused",
-    "PERMISSION_DENIED": "ledger_refused",
+    ledger.Refused: "ledger_refused",
 }
 
+# Agent Lightning v1.0's REST routes (rest_routes.py) answer {"detail": ...} bodies with the status of ERROR_TABLE,
+# except that a request the ledger finds invalid is FastAPI's 422 there, as in v1.0.
+V1_STATUS_OVERRIDES: dict[str, int] = {"invalid_request": 422}
 
-# gRPC status name of a failed ledger call -> HTTP status on Agent Lightning v1.0's REST routes (rest_routes.py),
-# which answer v1.0's {"detail": ...} bodies rather than OpenAI-shaped ones. Anything else is logged and answered 500.
-V1_STATUS_CODES: dict[str, int] = {
-    "NOT_FOUND": 404,
-    "FAILED_PRECONDITION": 409,
-    "ABORTED": 409,
-    "ALREADY_EXISTS": 409,
-    "INVALID_ARGUMENT": 422,
-    "OUT_OF_RANGE": 422,
-    "UNAVAILABLE": 503,
-    "DEADLINE_EXCEEDED": 503,
-    "RESOURCE_EXHAUSTED": 503,
-}
+_ERROR_BY_NAME: dict[str, type[ledger.LedgerError]] = {code.name: cls for code, cls in ledger.ERROR_BY_STATUS.items()}
+
+
+def ledger_kind(error: type[ledger.LedgerError]) -> str | None:
+    """The error kind of a ledger error class (its own entry or its nearest base's), None when unmapped."""
+    return next((LEDGER_ERROR_KINDS[c] for c in error.__mro__ if c in LEDGER_ERROR_KINDS), None)
 
 
 class ProxyError(Exception):
@@ -90,9 +89,21 @@ class ProxyError(Exception):
         return {"error": {"message": self.message, "type": ERROR_TABLE[self.kind][1], "code": self.kind}}
 
 
+def v1_status(err: ledger.LedgerError) -> int | None:
+    """The HTTP status of a ledger error on v1.0's REST routes; None when unmapped (answered 500 and logged)."""
+    kind = ledger_kind(type(err))
+    return None if kind is None else V1_STATUS_OVERRIDES.get(kind, ERROR_TABLE[kind][0])
+
+
+def from_ledger(err: ledger.LedgerError, what: str) -> ProxyError:
+    """The ProxyError for a ledger call `what` that failed with `err`."""
+    return ledger_error(err.code_name, err.details() or "", what)
+
+
 def ledger_error(status_name: str, details: str, what: str) -> ProxyError:
-    """The ProxyError for a ledger call `what` that failed with gRPC status `status_name`."""
-    kind = LEDGER_STATUS_KINDS.get(status_name)
+    """The ProxyError for a ledger call `what` that failed with the status named `status_name`."""
+    error = _ERROR_BY_NAME.get(status_name)
+    kind = ledger_kind(error) if error is not None else None
     if kind is None:
         log.error("ledger %s failed with unexpected status %s: %s", what, status_name, details)
         kind = "internal"

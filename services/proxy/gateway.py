@@ -22,13 +22,11 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import grpc
-
 from services._gen.agl.v1 import event_pb2, ledger_service_pb2, rollout_pb2
-from services.client import LedgerClient
+from services.client import DeadlineExceeded, LedgerClient, LedgerError
 from services.printable import printable
 
-from .errors import ProxyError, ledger_error
+from .errors import ProxyError, from_ledger
 from .model_routes import ModelRoutes, rollout_model
 from .routing import Endpoint
 
@@ -50,8 +48,8 @@ def _missing(rollout_id: str) -> ProxyError:
 async def _translated(what: str, call: Awaitable[Any]) -> Any:
     try:
         return await call
-    except grpc.aio.AioRpcError as err:
-        raise ledger_error(err.code().name, err.details() or "", what) from None
+    except LedgerError as err:
+        raise from_ledger(err, what) from None
 
 
 class LedgerGateway:
@@ -154,13 +152,13 @@ class LedgerGateway:
     async def _append(self, event: event_pb2.Event) -> ledger_service_pb2.AppendEventsResponse:
         try:
             return await self.client.append_events([event], timeout_s=self._append_timeout)
-        except grpc.aio.AioRpcError as err:
-            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise ProxyError(
-                    "ledger_unavailable",
-                    f"The ledger did not acknowledge within {self._append_timeout:g}s; the call was not recorded.",
-                ) from None
-            raise ledger_error(err.code().name, err.details() or "", "AppendEvents") from None
+        except DeadlineExceeded:
+            raise ProxyError(
+                "ledger_unavailable",
+                f"The ledger did not acknowledge within {self._append_timeout:g}s; the call was not recorded.",
+            ) from None
+        except LedgerError as err:
+            raise from_ledger(err, "AppendEvents") from None
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():

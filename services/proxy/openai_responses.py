@@ -6,6 +6,9 @@ become system turns), function_call and function_call_output items, function too
 (json_schema, json_object), sampling options, streaming. Reasoning items the agent sends back are dropped;
 reasoning the engine returns becomes a reasoning item. The proxy keeps no responses, so `previous_response_id` is
 refused with a 400 that says to send the whole input, and so are built-in tools (web search, file search, computer).
+
+Past 400 lines: the translation both ways (request in, answer out, streamed and not) must agree item by item,
+so it stays in one module.
 """
 
 from __future__ import annotations

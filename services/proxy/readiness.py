@@ -13,9 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-import grpc
-
-from services.client import REFUSED_CODES, LedgerClient, LedgerLink, RetryPolicy, refused_message
+from services.client import LedgerClient, LedgerError, LedgerLink, Refused, RetryPolicy, refused_message
 from services.client.ledger_link import OK
 
 log = logging.getLogger(__name__)
@@ -49,8 +47,8 @@ async def key_refused_at_start(ledger: str, key: str | None, timeout_s: float = 
     async with LedgerClient(ledger, key, retry=RetryPolicy(attempts=1), call_timeout_s=timeout_s) as client:
         try:
             await client.get_proxy_control()
-        except grpc.aio.AioRpcError as err:
-            if err.code() in REFUSED_CODES:
-                return refused_message(ledger, err.details() or err.code().name, "proxy")
-            log.warning("ledger at %s not answering at start (%s); serving, not ready", ledger, err.code().name)
+        except Refused as err:
+            return refused_message(ledger, err.message, "proxy")
+        except LedgerError as err:
+            log.warning("ledger at %s not answering at start (%s); serving, not ready", ledger, err.code_name)
     return None

@@ -6,8 +6,9 @@ these routes beside the model routes and a v1.0 script only needs the proxy's UR
 key (`Authorization: Bearer` or `x-api-key`). Paths, bodies and status codes are v1.0's: 201 on create (also for
 ids that exist: create is idempotent), 204 on delete (also for ids that do not exist), 404 for an unknown rollout,
 409 for an illegal transition, 422 for a body v1.0 would refuse, errors as {"detail": ...} in v1.0's words where
-v1.0 had them. The ledger refusing or being away maps through one table (errors.V1_STATUS_CODES; 503 when it cannot
-be reached). v1.0's gateway management (/proxy/pause, /proxy/resume, /proxy/state) is here too, over the
+v1.0 had them. A ledger error maps through the proxy's one table (errors.LEDGER_ERROR_KINDS, as on the agents'
+routes: 409 for ABORTED, 503 when the ledger cannot be reached), only a request it finds invalid being 422 here.
+v1.0's gateway management (/proxy/pause, /proxy/resume, /proxy/state) is here too, over the
 coordinator (v1_gateway.py). v1.0's one attempt "0" lists, as v1.0 had it, everything posted to the rollout's
 current attempt and what was posted before any claim (filed under no attempt, shown as "0").
 """
@@ -18,7 +19,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import grpc
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -26,11 +26,11 @@ from starlette.routing import Route
 
 from services import http_serving
 from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
-from services.client import LedgerClient
+from services.client import LedgerClient, LedgerError, NotFound
 
 from .auth import Authorizer, presented_key
 from .coordination import Coordinator
-from .errors import V1_STATUS_CODES, ProxyError
+from .errors import ProxyError, v1_status
 from .event_checks import writable
 from .rest_shapes import (
     DEFAULT_ATTEMPT_ID,
@@ -149,21 +149,16 @@ class RestFacade:
             except UnicodeEncodeError as err:  # a string of the body with a lone surrogate (JSON's \udc80)
                 detail = f"A string in the request holds a lone surrogate, which is not text: {err.reason}."
                 return _json({"detail": detail}, status_code=422)
-            except grpc.aio.AioRpcError as err:
+            except LedgerError as err:
                 rollout_id = request.path_params.get("rollout_id")
-                if err.code() == grpc.StatusCode.NOT_FOUND and rollout_id is not None:
+                if isinstance(err, NotFound) and rollout_id is not None:
                     return _json({"detail": f"Rollout not found: {rollout_id}"}, status_code=404)  # v1.0's words
-                status = V1_STATUS_CODES.get(err.code().name)
+                status = v1_status(err)
                 if status is None:
-                    log.error(
-                        "%s %s: ledger answered %s: %s",
-                        request.method,
-                        request.url.path,
-                        err.code().name,
-                        err.details(),
-                    )
+                    log.error("%s %s: ledger answered %s: %s", request.method, request.url.path, err.code_name,
+                              err.details())  # fmt: skip
                     status = 500
-                return _json({"detail": err.details() or err.code().name}, status_code=status)
+                return _json({"detail": err.message}, status_code=status)
 
         return route
 

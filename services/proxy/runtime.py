@@ -14,10 +14,9 @@ import os
 import socket
 import uuid
 
-import grpc
 from starlette.requests import Request
 
-from services.client import LedgerClient, backoff_s
+from services.client import LedgerClient, LedgerError, backoff_s
 
 from .auth import Authorizer
 from .background import stop_tasks
@@ -141,7 +140,7 @@ class ProxyRuntime:
         while True:
             try:
                 await self.gateway.follow_models(self.routing, changed)
-            except grpc.aio.AioRpcError as err:  # a status the client does not resume (e.g. a refused key)
+            except LedgerError as err:  # a status the client does not resume (e.g. a refused key)
                 failures += 1
                 self.readiness.failed(err)
                 await asyncio.sleep(backoff_s(failures))

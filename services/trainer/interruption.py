@@ -68,9 +68,7 @@ def after_ray_init(settings: TrainerSettings, checkpoint_dir: str | Path) -> Ite
 async def record(ledger_address: str, key: str | None, run_id: str, why: str) -> tuple[int, bool]:
     """Marks the run failed with `why` and lifts the pause the run holds: (the last step reported, -1 for a run not
     on record; pause lifted)."""
-    import grpc
-
-    from services.client import LedgerClient, LedgerError
+    from services.client import LedgerClient, NotFound
 
     from .progress import finish_run
 
@@ -78,9 +76,7 @@ async def record(ledger_address: str, key: str | None, run_id: str, why: str) ->
     async with LedgerClient(ledger_address, key) as client:
         try:
             steps = await client.list_run_steps(run_id, metric_names=["training/global_step"])
-        except LedgerError as err:
-            if err.code() != grpc.StatusCode.NOT_FOUND:
-                raise
+        except NotFound:
             last = -1  # stopped before the run was on record: nothing to mark
         else:
             last = max((s.step for s in steps), default=0)

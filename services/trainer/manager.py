@@ -26,11 +26,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import grpc
 from tqdm import tqdm
 
 from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
-from services.client import LedgerClient, LedgerError
+from services.client import RETRY_LATER, LedgerClient, LedgerError
 
 from . import hooks as user_hooks
 from .feed import TerminalFeed
@@ -42,16 +41,6 @@ from .triplets import CallText, RolloutTrace, call_text, trace_from_events
 
 log = logging.getLogger(__name__)
 
-_RETRYABLE = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.ABORTED,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNKNOWN,
-    }
-)
 _SUCCEEDED = rollout_pb2.ROLLOUT_STATE_SUCCEEDED
 
 
@@ -239,7 +228,7 @@ class RolloutManager:
                     cleared = True
                 return await self.client.create_rollouts(specs)
             except LedgerError as err:
-                if err.code() not in _RETRYABLE or attempt == self.settings.create_attempts:
+                if not isinstance(err, RETRY_LATER) or attempt == self.settings.create_attempts:
                     raise
                 log.warning("creating %d rollouts failed (%s); retry %d", len(specs), err.code().name, attempt)
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))

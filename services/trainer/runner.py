@@ -154,7 +154,7 @@ def check_engines(settings: TrainerSettings) -> None:
     except EnginePushError as err:
         raise ConfigError(str(err)) from None
     except LedgerError as err:
-        raise ConfigError(f"ledger {settings.ledger_address}: {err.code().name}: {err.details()}") from None
+        raise ConfigError(f"ledger {settings.ledger_address}: {err.code_name}: {err.details()}") from None
 
 
 def run(config: Any) -> None:

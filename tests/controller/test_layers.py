@@ -1,6 +1,6 @@
 """The controller's layers, read from each module's import statements (nothing is imported): `core` imports neither
 runner, `local` and `k8s` import core but not each other, and no subpackage reaches up to the wiring (`__main__`,
-`config`). Only the modules that import grpc today may: the rest of core stays free of it."""
+`config`). No core module imports grpc: the client's typed errors are the boundary (services/client/errors.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ FORBIDDEN = {
     "local": {"k8s", "__main__", "config"},
     "k8s": {"local", "__main__", "config"},
 }
-# Core modules that talk to the ledger's gRPC errors themselves; another one importing grpc is a new dependency.
-CORE_GRPC = {"controller", "lease_keeper", "readiness"}
+# Core modules that talk to the ledger's gRPC errors themselves: none since the client maps them to typed errors.
+CORE_GRPC: set[str] = set()
 
 
 def modules(layer: str) -> list[Path]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import glob
 import json
 import os
 import signal
@@ -17,17 +16,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from services._gen.agl.v1 import rollout_pb2, run_pb2
 
-from ..errors import FAILURE, USAGE, CliError
+from ..errors import FAILURE, USAGE
 from . import checks, collect, export, lora, options, report
+from .plan import TrainPlan, plan_from_args, write_run_file
 from .stack import CHECKOUT, Stack, child_environment, running_stack
 
-RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
 TRAJECTORIES_FILE = "trajectories.jsonl"
 SMOKE_LABEL = "agl_smoke"
@@ -37,208 +35,6 @@ class Interrupted(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-
-
-@dataclass
-class TrainPlan:
-    """Everything `agl train` was asked for, checked."""
-
-    run_id: str
-    output: Path
-    train_file: Path
-    val_file: Path | None
-    tasks: list[Any]
-    agent_class: str
-    command: tuple[str, ...]
-    env_map: dict[str, str]
-    model: str  # a directory, or "tiny"
-    placement: str  # "cpu" or "gpu"
-    steps: int
-    tasks_per_step: int
-    group_size: int
-    lr: float
-    val_every: int
-    save_every: int
-    rollout_timeout: float
-    max_prompt_length: int
-    max_response_length: int
-    export_dtype: str
-    tool_call_parser: str
-    resume: bool
-    allow_no_learning: bool
-    overrides: list[str] = field(default_factory=list)
-    # Set by callers that prepared the model and the tasks themselves (make demo): extra trainer settings.
-    extra_overrides: list[str] = field(default_factory=list)
-    val_label: str = "held-out reward"
-    multi_turn: bool = False
-    checks_s: float = 0.0  # how long the checks took
-    # LoRA (services/cli/train/lora.py): the adapter's rank (0: every weight is trained) and alpha; merge_adapter:
-    # the base model with the adapter merged in is written too.
-    lora_rank: int = 0
-    lora_alpha: int = 0
-    merge_adapter: bool = False
-
-
-KNOWN = (
-    "data", "val", "agent_class", "command", "env_map", "rollout_timeout", "max_prompt_length",
-    "max_response_length", "model", "steps", "tasks_per_step", "group_size", "lr", "val_every", "save_every",
-    "placement", "export_dtype", "output", "run_id", "resume", "allow_no_learning", "tool_call_parser", "lora_rank",
-    "lora_alpha", "merge_adapter",
-)  # fmt: skip
-
-
-def plan_from_args(args: argparse.Namespace) -> TrainPlan:
-    """The options merged with --config and the defaults, and every check that needs no service (CliError)."""
-    options.merge_config(args, options.TRAIN_DEFAULTS, KNOWN)
-    if args.data is None:
-        raise CliError("--data FILE is required (the training tasks, one JSON object per line)", USAGE)
-    agent_class, command = options.agent_launch(args)
-    env_map = options.parse_env_map(args.env_map or [])
-    overrides = options.check_overrides(args.overrides or [])
-    model = str(args.model)
-    args.max_prompt_length, args.max_response_length = options.lengths(
-        model, args.max_prompt_length, args.max_response_length
-    )
-    placement = resolve_placement(str(args.placement))
-    if args.resume and not args.run_id and not args.output:
-        raise CliError("--resume needs the run: --run-id ID (or --output DIR of the run)", USAGE)
-    run_id = options.check_run_id(args.run_id) if args.run_id else ""
-    output = Path(args.output) if args.output else None
-    if output is not None and output.joinpath(RUN_FILE).is_file() and not run_id:
-        run_id = str(json.loads(output.joinpath(RUN_FILE).read_text()).get("run_id", ""))
-    run_id = run_id or options.new_run_id()
-    output = (output or options.RUNS_DIR / run_id).resolve()
-    recorded = read_run_file(output)
-    if recorded is not None and not args.resume:
-        raise CliError(
-            f"run {recorded.get('run_id')} already exists in {output}; continue it with --resume, or choose another "
-            "--run-id / --output",
-            USAGE,
-        )
-    if args.resume:
-        if recorded is None:
-            raise CliError(f"--resume: no run to continue in {output} (no {RUN_FILE})", USAGE)
-        if recorded.get("run_id") != run_id:
-            raise CliError(f"--resume: {output} holds run {recorded.get('run_id')}, not {run_id}", USAGE)
-    started = time.monotonic()
-    tasks = checks.load_tasks(Path(args.data))
-    val_tasks = checks.load_tasks(Path(args.val), "--val") if args.val else []
-    checks.check_env_map(env_map, tasks, Path(args.data))
-    if val_tasks:
-        checks.check_env_map(env_map, val_tasks, Path(args.val))
-    if len(tasks) < args.tasks_per_step:
-        raise CliError(
-            f"--data {args.data}: {len(tasks)} tasks, fewer than --tasks-per-step {args.tasks_per_step}", USAGE
-        )
-    if model != options.TINY_MODEL:
-        model = str(checks.check_model_dir(model))
-    checks.check_agent(agent_class, command, CHECKOUT)
-    checks.check_writable(output)
-    if placement == "cpu":
-        checks.check_engine_installed()
-    if not val_tasks:
-        if "val_every" in args.given:
-            raise CliError("--val-every scores the held-out tasks: give them with --val FILE", USAGE)
-        args.val_every = 0
-    lr = float(args.lr) if args.lr is not None else options.default_lr(model)
-    lora_rank, lora_alpha = lora_settings(args, placement)
-    plan = TrainPlan(
-        run_id=run_id,
-        output=output,
-        train_file=Path(args.data).resolve(),
-        val_file=Path(args.val).resolve() if args.val else None,
-        tasks=tasks,
-        agent_class=agent_class,
-        command=command,
-        env_map=env_map,
-        model=model,
-        placement=placement,
-        steps=int(args.steps),
-        tasks_per_step=int(args.tasks_per_step),
-        group_size=int(args.group_size),
-        lr=lr,
-        val_every=int(args.val_every),
-        save_every=int(args.save_every),
-        rollout_timeout=float(args.rollout_timeout),
-        max_prompt_length=int(args.max_prompt_length),
-        max_response_length=int(args.max_response_length),
-        export_dtype=str(args.export_dtype),
-        tool_call_parser=str(args.tool_call_parser),
-        resume=bool(args.resume),
-        allow_no_learning=bool(args.allow_no_learning),
-        overrides=overrides,
-        checks_s=time.monotonic() - started,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        merge_adapter=bool(args.merge_adapter),
-    )
-    return plan
-
-
-def lora_settings(args: argparse.Namespace, placement: str) -> tuple[int, int]:
-    """(rank, alpha) of --lora-rank/--lora-alpha; the options that only a LoRA run uses are refused without it."""
-    rank = int(args.lora_rank or 0)
-    if not rank:
-        for name in ("lora_alpha", "merge_adapter"):
-            if name in args.given:
-                raise CliError(f"--{name.replace('_', '-')} applies to a LoRA run: give --lora-rank R", USAGE)
-        return 0, 0
-    if placement != "cpu":
-        raise CliError(
-            "--lora-rank trains an adapter that the CPU placement's engine loads; on GPUs pass the trainer overrides "
-            "actor_rollout_ref.model.lora_rank=R actor_rollout_ref.model.lora.merge=true (verl's replicas get the "
-            "merged weights)",
-            USAGE,
-        )
-    if "export_dtype" in args.given and not args.merge_adapter:
-        raise CliError(
-            "--export-dtype is the merged model's dtype in a LoRA run (the adapter is written as trained): add "
-            "--merge-adapter",
-            USAGE,
-        )
-    return rank, int(args.lora_alpha or 2 * rank)
-
-
-def resolve_placement(placement: str) -> str:
-    if placement == "cpu" or (placement == "auto" and not glob.glob("/dev/nvidia[0-9]*")):
-        return "cpu"  # no NVIDIA device node: no need to import torch (seconds) to know
-    try:
-        import torch
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        gpus = 0
-    if placement == "gpu" and gpus == 0:
-        raise CliError("--placement gpu: torch sees no CUDA device here", USAGE)
-    return "gpu" if gpus else "cpu"
-
-
-def read_run_file(output: Path) -> dict[str, Any] | None:
-    path = output / RUN_FILE
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except ValueError:
-        return {"run_id": "?"}
-
-
-def write_run_file(plan: TrainPlan, base_model: Path, state: str, **extra: Any) -> None:
-    record = {
-        "run_id": plan.run_id,
-        "state": state,
-        "base_model": str(base_model),
-        "weights": str(plan.output / "state" / "weights"),
-        "agent_class": plan.agent_class,
-        "command": list(plan.command),
-        "data": str(plan.train_file),
-        "val": str(plan.val_file) if plan.val_file else None,
-        "env_map": plan.env_map,
-        "lora_rank": plan.lora_rank,
-        "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        **extra,
-    }
-    (plan.output / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
 # -- the model --------------------------------------------------------------------------------------------------

@@ -19,22 +19,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
 from collections.abc import Mapping
 
-import grpc
-
-from services._gen.agl.v1 import ledger_service_pb2 as pb
 from services._gen.agl.v1 import rollout_pb2
-from services.client import LedgerClient, LedgerError, backoff_s
+from services.client import (
+    ROLLOUTS,
+    Conflict,
+    FailedPrecondition,
+    Handler,
+    Informer,
+    LedgerClient,
+    LedgerError,
+    NotFound,
+    Refused,
+    Transient,
+    backoff_s,
+)
 from services.printable import printable
 
 from .lease_keeper import Lease, LeaseKeeper, stopped_heartbeating
 from .metrics import ControllerMetrics
 from .outcome import INTERNAL, INVALID_CONFIG, SHUTDOWN, ConfigError, Outcome
-from .readiness import REFUSED_CODES, Readiness
+from .readiness import Readiness
 from .returned_reward import post_returned_reward
 from .runner import LaunchPlan, Runner
 
@@ -46,8 +56,7 @@ SUCCEEDED = rollout_pb2.ROLLOUT_STATE_SUCCEEDED
 FAILED = rollout_pb2.ROLLOUT_STATE_FAILED
 
 # The claim lost: someone else changed or took the rollout.
-_LOST = frozenset({grpc.StatusCode.ABORTED, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND})
-_RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+_LOST = (Conflict, FailedPrecondition, NotFound)
 SHUTDOWN_REASON = "controller shutdown"
 
 
@@ -113,11 +122,9 @@ class Controller:
                 rollouts = await self._ledger.list_rollouts(states=[RUNNING], controller_id=self._id)
                 self._readiness.succeeded()
                 break
-            except LedgerError as err:
-                if err.code() not in _RETRYABLE and err.code() not in REFUSED_CODES:
-                    raise
+            except (Transient, Refused) as err:
                 self._readiness.failed(err)  # one line per change of state, not one per retry
-                refusals = refusals + 1 if err.code() in REFUSED_CODES else 0
+                refusals = refusals + 1 if isinstance(err, Refused) else 0
                 await asyncio.sleep(backoff_s(refusals) if refusals else 1.0)
         if rollouts:
             log.info("reconciling %d rollout(s) left running by controller %s", len(rollouts), self._id)
@@ -130,41 +137,28 @@ class Controller:
         while True:
             try:
                 await self._follow_queue()
-            except LedgerError as err:
-                if err.code() not in REFUSED_CODES:
-                    raise
+            except Refused as err:
                 refusals = 1 if self._readiness.subscribed else refusals + 1
                 self._readiness.subscribed = False
                 self._readiness.failed(err)
-                self._pending.clear()  # the watch starts over with a fresh snapshot once the key is accepted
-                for rollout_id in list(self._waiting):
-                    self._drop_waiting(rollout_id)
+                self._forget_queue()  # the watch starts over with a fresh snapshot once the key is accepted
                 await asyncio.sleep(backoff_s(refusals))
 
     async def _follow_queue(self) -> None:
-        synced = False
-        async for message in self._ledger.watch_rollouts(states=[QUEUING], labels=self._labels):
-            if message.type == pb.ROLLOUT_CHANGE_TYPE_SNAPSHOT:
-                if synced:  # the client started over with a fresh snapshot: what we hold may be stale
-                    self._pending.clear()
-                    for rollout_id in list(self._waiting):
-                        self._drop_waiting(rollout_id)
-                    synced = False
-                self._offer(message.rollout)
-            elif message.type == pb.ROLLOUT_CHANGE_TYPE_SYNCED:
-                synced = True
-                self._readiness.subscribed = True
-                self._readiness.succeeded()
-            elif message.type == pb.ROLLOUT_CHANGE_TYPE_UPSERT:
-                if message.rollout.status.state == QUEUING:
-                    self._offer(message.rollout)
-                else:
-                    self._pending.pop(message.rollout.rollout_id, None)
-                    self._drop_waiting(message.rollout.rollout_id)
-            elif message.type == pb.ROLLOUT_CHANGE_TYPE_DELETE:
-                self._pending.pop(message.rollout.rollout_id, None)
-                self._drop_waiting(message.rollout.rollout_id)
-            self._fill()
+        """The queue is an informer over WatchRollouts(states=[QUEUING]); `_QueueEvents` turns its news into offers.
+        Snapshot items are offered as they arrive, so launching starts before a long snapshot is complete."""
+        watch = functools.partial(self._ledger.watch_rollouts, states=[QUEUING], labels=self._labels)
+        await Informer(watch, ROLLOUTS, _QueueEvents(self), keep=lambda r: r.status.state == QUEUING).run()
+
+    def _forget_queue(self) -> None:
+        """The informer starts over with a fresh snapshot: what we hold may be stale."""
+        self._pending.clear()
+        for rollout_id in list(self._waiting):
+            self._drop_waiting(rollout_id)
+
+    def _left_queue(self, rollout_id: str) -> None:
+        self._pending.pop(rollout_id, None)
+        self._drop_waiting(rollout_id)
 
     def _offer(self, rollout: rollout_pb2.Rollout) -> None:
         # Kept even while a handler for the same rollout runs: a claim that lost to a newer version of a still
@@ -277,24 +271,25 @@ class Controller:
             log.info("rollout %s: claimed (attempt %s)", rollout_id, plan.attempt_id)
             return True
         except LedgerError as err:
-            code, details = err.code(), err.details()
+            refusal = err
         # A retried claim whose first try applied also ends here: the rollout then is ours.
         try:
             current = await self._ledger.get_rollout(rollout_id)
         except LedgerError as err:
-            if code not in _LOST:
-                log.warning("rollout %s: claim failed (%s: %s), state unknown (%s)", rollout_id, code, details, err)
+            if not isinstance(refusal, _LOST):
+                log.warning("rollout %s: claim failed (%s: %s), state unknown (%s)", rollout_id, refusal.code_name,
+                            refusal.details(), err.code_name)  # fmt: skip
                 self._offer_later(rollout)
             return False
         status = current.status
         if status.state == RUNNING and status.attempt_id == plan.attempt_id and status.controller_id == self._id:
             log.info("rollout %s: claimed (attempt %s, confirmed on re-read)", rollout_id, plan.attempt_id)
             return True
-        if code in _LOST:
+        if isinstance(refusal, _LOST):
             self._metrics.claim_conflicts.inc()
-            log.debug("rollout %s: taken by someone else (%s)", rollout_id, code.name)
+            log.debug("rollout %s: taken by someone else (%s)", rollout_id, refusal.code_name)
         else:
-            log.warning("rollout %s: claim failed: %s: %s", rollout_id, code.name, details)
+            log.warning("rollout %s: claim failed: %s: %s", rollout_id, refusal.code_name, refusal.details())
             if status.state == QUEUING:
                 self._offer_later(current)
         return False
@@ -311,10 +306,11 @@ class Controller:
                 expected_version=rollout.status.version,
                 failure_reason=rollout_pb2.FAILURE_REASON_INVALID_CONFIG,
             )
+        except _LOST:
+            return
         except LedgerError as err:
-            if err.code() not in _LOST:
-                log.warning("rollout %s: could not fail it (%s): %s", rollout_id, err.code().name, err.details())
-                self._offer_later(rollout)
+            log.warning("rollout %s: could not fail it (%s): %s", rollout_id, err.code_name, err.details())
+            self._offer_later(rollout)
             return
         self._metrics.rollouts_failed.labels(INVALID_CONFIG).inc()
         log.info("rollout %s: failed before launch: %s", rollout_id, printable(reason))
@@ -361,10 +357,10 @@ class Controller:
                 )
                 break
             except LedgerError as err:
-                if err.code() in _RETRYABLE and time.monotonic() < deadline:
+                if isinstance(err, Transient) and time.monotonic() < deadline:
                     await asyncio.sleep(1.0)
                     continue
-                if err.code() == grpc.StatusCode.FAILED_PRECONDITION and (
+                if isinstance(err, FailedPrecondition) and (
                     rollout := await self._already(rollout_id, attempt_id, state)
                 ):
                     break  # a retry whose first try had applied
@@ -373,7 +369,7 @@ class Controller:
                     rollout_id,
                     rollout_pb2.RolloutState.Name(state),
                     attempt_id,
-                    err.code().name,
+                    err.code_name,
                     err.details(),
                 )
                 return
@@ -418,7 +414,7 @@ class Controller:
         try:
             rollouts = await self._ledger.list_rollouts(states=[RUNNING], controller_id=lease.controller_id)
         except LedgerError as err:  # the next heartbeat reports the lease again
-            log.warning("listing controller %s's rollouts failed (%s)", lease.controller_id, err.code().name)
+            log.warning("listing controller %s's rollouts failed (%s)", lease.controller_id, err.code_name)
             return
         if rollouts and not self._stopping:
             log.info("%s: taking over its %d running rollout(s)", stopped_heartbeating(lease), len(rollouts))
@@ -432,11 +428,11 @@ class Controller:
             claimed = await self._ledger.update_status(
                 rollout_id, RUNNING, controller_id=self._id, expected_version=rollout.status.version
             )
+        except _LOST as err:
+            log.debug("rollout %s: taken over by someone else or ended (%s)", rollout_id, err.code_name)
+            return
         except LedgerError as err:
-            if err.code() in _LOST:
-                log.debug("rollout %s: taken over by someone else or ended (%s)", rollout_id, err.code().name)
-            else:
-                log.warning("rollout %s: takeover claim failed (%s: %s)", rollout_id, err.code().name, err.details())
+            log.warning("rollout %s: takeover claim failed (%s: %s)", rollout_id, err.code_name, err.details())
             return
         self._metrics.takeovers.inc()
         log.info("rollout %s: taken over from controller %s (attempt %s)", rollout_id, lease.controller_id,
@@ -467,3 +463,33 @@ class Controller:
             await heartbeat
         await self.leases.leave()
         await self._runner.close()
+
+
+class _QueueEvents(Handler[rollout_pb2.Rollout]):
+    """The queue informer's news, as the controller's offers (every change may free or fill a slot: `_fill`)."""
+
+    def __init__(self, controller: Controller) -> None:
+        self._controller = controller
+
+    def on_relist(self) -> None:
+        self._controller._forget_queue()
+
+    def on_snapshot_item(self, item: rollout_pb2.Rollout) -> None:
+        self._controller._offer(item)
+        self._controller._fill()
+
+    def on_synced(self, replaced: bool) -> None:
+        self._controller._readiness.subscribed = True
+        self._controller._readiness.succeeded()
+        self._controller._fill()
+
+    def on_upsert(self, old: rollout_pb2.Rollout | None, new: rollout_pb2.Rollout) -> None:
+        if new.status.state == QUEUING:
+            self._controller._offer(new)
+        else:
+            self._controller._left_queue(new.rollout_id)
+        self._controller._fill()
+
+    def on_delete(self, old: rollout_pb2.Rollout | None, gone: rollout_pb2.Rollout) -> None:
+        self._controller._left_queue(gone.rollout_id)
+        self._controller._fill()

@@ -14,10 +14,8 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-import grpc
-
 from services._gen.agl.v1 import controller_lease_pb2
-from services.client import LedgerClient, LedgerError
+from services.client import LedgerClient, LedgerError, Unimplemented
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +61,12 @@ class LeaseKeeper:
         try:  # bounded as a whole (the client retries UNAVAILABLE), so the beats keep their pace
             renewal = self._ledger.renew_controller_lease(self._id, self.ttl_s, timeout_s=interval)
             reply = await asyncio.wait_for(renewal, interval)
+        except Unimplemented:
+            log.warning("the ledger keeps no controller leases: dead controllers' rollouts are not taken over")
+            return False
         except (LedgerError, asyncio.TimeoutError) as err:
-            if isinstance(err, LedgerError) and err.code() == grpc.StatusCode.UNIMPLEMENTED:
-                log.warning("the ledger keeps no controller leases: dead controllers' rollouts are not taken over")
-                return False
             if not self._failing:
-                why = f"{err.code().name}: {err.details()}" if isinstance(err, LedgerError) else "no answer in time"
+                why = f"{err.code_name}: {err.details()}" if isinstance(err, LedgerError) else "no answer in time"
                 log.warning("controller lease not renewed (%s); trying again", why)
             self._failing = True
             return True

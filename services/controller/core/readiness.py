@@ -14,9 +14,7 @@ import asyncio
 import logging
 import time
 
-import grpc
-
-from services.client import REFUSED_CODES, LedgerClient, LedgerLink, RetryPolicy, refused_message
+from services.client import LedgerClient, LedgerError, LedgerLink, Refused, RetryPolicy, refused_message
 from services.client.ledger_link import OK
 
 log = logging.getLogger(__name__)
@@ -55,7 +53,7 @@ async def follow_ledger(client: LedgerClient, readiness: Readiness, interval_s: 
     while True:
         try:
             await client.get_proxy_control()
-        except grpc.aio.AioRpcError as err:
+        except LedgerError as err:
             readiness.failed(err)
         else:
             readiness.succeeded()
@@ -73,8 +71,8 @@ async def key_refused_at_start(ledger: str, key: str | None, timeout_s: float = 
     async with probe_client(ledger, key, timeout_s) as client:
         try:
             await client.get_proxy_control()
-        except grpc.aio.AioRpcError as err:
-            if err.code() in REFUSED_CODES:
-                return refused_message(ledger, err.details() or err.code().name, "controller")
-            log.warning("ledger at %s not answering at start (%s); waiting for it, not ready", ledger, err.code().name)
+        except Refused as err:
+            return refused_message(ledger, err.message, "controller")
+        except LedgerError as err:
+            log.warning("ledger at %s not answering at start (%s); waiting for it, not ready", ledger, err.code_name)
     return None

@@ -53,7 +53,7 @@ async def post_returned_reward(ledger: LedgerClient, rollout_id: str, attempt_id
     except LedgerError as err:
         log.warning(
             "rollout %s: could not post the reward %g run() returned (%s: %s); the attempt has no reward",
-            rollout_id, value, err.code().name, err.details(),
+            rollout_id, value, err.code_name, err.details(),
         )  # fmt: skip
         return False
     log.info("rollout %s: posted the reward %g run() returned (attempt %s)", rollout_id, value, attempt_id)
