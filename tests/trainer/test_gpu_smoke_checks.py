@@ -8,12 +8,14 @@ import argparse
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
 
+from services._gen.agl.v1 import proxy_control_pb2
 from services.trainer.config import CONFIG_DIR, CONFIG_NAME
-from tools import gpu_smoke
+from tools import gpu_checks, gpu_smoke
 
 pytestmark = pytest.mark.trainer
 
@@ -45,3 +47,80 @@ def test_the_retention_check_keeps_the_last_steps_rollouts_only() -> None:
     assert not gpu_smoke.retention_kept([1] * 16 + [2] * 16 + [3] * 16, 3, 2)[0]
     assert gpu_smoke.retention_kept([], 2, 0)[0] and not gpu_smoke.retention_kept([2], 2, 0)[0]
     assert not gpu_smoke.retention_kept([None], 2, 2)[0]
+
+
+def _step(n: int, **values: float) -> dict[str, float]:
+    return {"training/global_step": float(n), **values}
+
+
+def test_the_gap_check_needs_every_updated_step_under_the_limits() -> None:
+    good = {"actor/pg_loss": 0.1, "agl/push/logprob_diff_mean": 0.01, "training/rollout_probs_diff_mean": 0.004}
+    skipped = {"agl/update/skipped_no_signal": 1.0}
+    assert gpu_checks.gaps_under({1: good, 2: skipped})[0]
+    assert not gpu_checks.gaps_under({1: good, 2: {**good, "agl/push/logprob_diff_mean": 0.3}})[0]
+    # verl's value for a batch with no valid token, and a step that never measured the gap.
+    assert not gpu_checks.gaps_under({1: {**good, "training/rollout_probs_diff_mean": float("nan")}})[0]
+    assert not gpu_checks.gaps_under({1: {"actor/pg_loss": 0.1}})[0]
+    assert not gpu_checks.gaps_under({1: skipped})[0]
+
+
+def test_the_drain_check_needs_every_training_step_drained() -> None:
+    drained = _step(1, **{"agl/proxy/drained": 1.0, "agl/proxy/drain_s": 0.2})
+    # Step 0: the weight sync at the start, which drains nothing and trains nothing.
+    assert gpu_checks.drained_every_step({0: {"agl/push/seconds": 1.0}, 1: drained})[0]
+    timed_out = {**drained, "agl/proxy/drained": 0.0}
+    assert not gpu_checks.drained_every_step({1: drained, 2: timed_out})[0]
+    assert not gpu_checks.drained_every_step({1: _step(1)})[0]
+    assert not gpu_checks.drained_every_step({})[0]
+
+
+def test_the_timing_table_has_a_row_per_phase_and_a_column_per_step() -> None:
+    table = gpu_checks.timing_table({1: {"timing_s/gen": 1.5, "timing_s/update_actor": 2.0}, 2: {"timing_s/gen": 3}})
+    lines = table.splitlines()
+    assert lines[0].split() == ["PHASE", "(s)", "step", "1", "step", "2"]
+    assert lines[1].split() == ["gen", "1.50", "3.00"] and lines[2].split() == ["update_actor", "2.00", "-"]
+
+
+def test_the_pause_check_refuses_a_pause_left_behind() -> None:
+    serving = proxy_control_pb2.ProxyControl(paused=False, generation=6)
+    assert gpu_checks.not_paused(serving)[0]
+    left = proxy_control_pb2.ProxyControl(paused=True, generation=5, owner="trainer:smoke", reason="step 2")
+    ok, detail = gpu_checks.not_paused(left)
+    assert not ok and "trainer:smoke" in detail
+
+
+def test_the_served_name_check_needs_every_replica_to_serve_the_routed_name() -> None:
+    right = {"object": "list", "data": [{"id": "agl-policy", "object": "model"}]}
+    assert gpu_checks.served_names({"http://a/v1": right, "http://b/v1": right}, "agl-policy")[0]
+    wrong = {"data": [{"id": "/models/tiny", "object": "model"}]}
+    assert not gpu_checks.served_names({"http://a/v1": right, "http://b/v1": wrong}, "agl-policy")[0]
+    assert not gpu_checks.served_names({"http://a/v1": "ConnectError: refused"}, "agl-policy")[0]
+    assert not gpu_checks.served_names({}, "agl-policy")[0]
+
+
+def test_the_resume_check_needs_the_rewind_and_each_step_once() -> None:
+    def records(*steps: int, sync_at: int) -> list[dict[str, object]]:
+        # Each launch's first record is its weight sync, at the step it starts from, without training/global_step.
+        return [{"step": sync_at, "data": {}}, *({"step": n, "data": _step(n)} for n in steps)]
+
+    log = "... run smoke rewound to the checkpoint of step 1: 0 rollouts of later passes deleted ..."
+    first, second = records(1, sync_at=0), records(2, sync_at=1)
+    assert gpu_checks.resumed(first, second, 1, 2, log)[0]
+    assert not gpu_checks.resumed(first, second, 1, 2, "started afresh")[0]
+    # Started from scratch instead of resuming: step 1 trained twice.
+    assert not gpu_checks.resumed(first, records(1, 2, sync_at=0), 1, 2, log)[0]
+    # Killed before step 1 was on record.
+    assert not gpu_checks.resumed(records(sync_at=0), second, 1, 2, log)[0]
+
+
+def test_a_compiled_function_matches_eager_and_a_mismatch_or_missing_device_is_refused() -> None:
+    # aot_eager: torch.compile's tracing without inductor's C++ build (minutes on this machine's shared CPUs); the
+    # smoke run compiles with inductor on the GPU.
+    ok, detail = gpu_checks.compiled_matches_eager("cpu", backend="aot_eager")
+    assert ok, detail
+    # Compiled and eager draw different random numbers: the comparison must see it.
+    assert not gpu_checks.compiled_matches_eager("cpu", "aot_eager", lambda x: x + torch.rand_like(x))[0]
+    if not torch.cuda.is_available():
+        assert gpu_checks.compiled_matches_eager("cuda") == (False, "no CUDA device is visible")
+    versions = gpu_checks.toolchain()
+    assert versions["torch"] == torch.__version__ and set(versions) >= {"cuda", "triton", "c compiler"}
