@@ -5,6 +5,12 @@ for no learning signal has no actor metrics) and refuse a wrong one."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -124,3 +130,36 @@ def test_a_compiled_function_matches_eager_and_a_mismatch_or_missing_device_is_r
         assert gpu_checks.compiled_matches_eager("cuda") == (False, "no CUDA device is visible")
     versions = gpu_checks.toolchain()
     assert versions["torch"] == torch.__version__ and set(versions) >= {"cuda", "triton", "c compiler"}
+
+
+def test_the_resume_runs_overrides_save_every_step(tmp_path: Path) -> None:
+    args = argparse.Namespace(data_dir=tmp_path, gpu_memory_utilization=0.3, steps=2)
+    items = gpu_smoke.overrides(args, "smoke", "127.0.0.1:1", "", tmp_path / "m", tmp_path / "t.jsonl", save=True)
+    assert "trainer.save_freq=1" in items and "trainer.save_freq=-1" not in items
+
+
+def test_the_watch_asks_the_replicas_once_then_kills_the_group_once_the_step_is_checkpointed(tmp_path: Path) -> None:
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    records: list[dict[str, object]] = []
+    asked: list[int] = []
+
+    def ask() -> dict[str, object]:
+        asked.append(len(records))
+        return {"http://a/v1": {"data": [{"id": "agl-policy"}]}}
+
+    watch = gpu_smoke.Watch(proc, records, ask, tmp_path, kill_after=1)
+    thread = threading.Thread(target=watch.run, daemon=True)
+    thread.start()
+    try:
+        records.append({"step": 1, "data": _step(1)})
+        time.sleep(0.5)
+        # Step 1 on record but not checkpointed yet: the trainer goes on.
+        assert proc.poll() is None and asked == [1]
+        (tmp_path / "latest_checkpointed_iteration.txt").write_text("1")
+        thread.join(timeout=10)
+        assert proc.wait(timeout=10) == -signal.SIGKILL and watch.killed
+        assert asked == [1] and gpu_checks.served_names(watch.models or {}, "agl-policy")[0]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
