@@ -185,12 +185,12 @@ class Watch:
                     self.models = self.ask()
                 except Exception as exc:  # the check prints it
                     self.models = {"ledger": f"{type(exc).__name__}: {exc}"}
-            if self.kill_after and self.kill_after in gpu_checks.training_steps(self.records):
-                tracker = self.checkpoints / "latest_checkpointed_iteration.txt"
-                if tracker.exists() and int(tracker.read_text().strip() or 0) >= self.kill_after:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                    self.killed = True
-                    return
+            # verl writes its tracker once a checkpoint is whole; the run's folder is new, so any is this step's.
+            on_record = self.kill_after in gpu_checks.training_steps(self.records)
+            if self.kill_after and on_record and (self.checkpoints / "latest_checkpointed_iteration.txt").exists():
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.killed = True
+                return
             time.sleep(0.1)
 
 

@@ -138,7 +138,10 @@ def test_the_resume_runs_overrides_save_every_step(tmp_path: Path) -> None:
     assert "trainer.save_freq=1" in items and "trainer.save_freq=-1" not in items
 
 
-def test_the_watch_asks_the_replicas_once_then_kills_the_group_once_the_step_is_checkpointed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("first", ["record", "checkpoint"])
+def test_the_watch_asks_the_replicas_once_then_kills_the_group_once_the_step_is_on_record_and_checkpointed(
+    tmp_path: Path, first: str
+) -> None:
     proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
     records: list[dict[str, object]] = []
     asked: list[int] = []
@@ -147,15 +150,21 @@ def test_the_watch_asks_the_replicas_once_then_kills_the_group_once_the_step_is_
         asked.append(len(records))
         return {"http://a/v1": {"data": [{"id": "agl-policy"}]}}
 
+    def record() -> None:
+        records.append({"step": 1, "data": _step(1)})
+
+    def checkpoint() -> None:
+        (tmp_path / "latest_checkpointed_iteration.txt").write_text("1")
+
     watch = gpu_smoke.Watch(proc, records, ask, tmp_path, kill_after=1)
     thread = threading.Thread(target=watch.run, daemon=True)
     thread.start()
     try:
-        records.append({"step": 1, "data": _step(1)})
+        (record if first == "record" else checkpoint)()
         time.sleep(0.5)
-        # Step 1 on record but not checkpointed yet: the trainer goes on.
-        assert proc.poll() is None and asked == [1]
-        (tmp_path / "latest_checkpointed_iteration.txt").write_text("1")
+        # One of the two alone: the trainer goes on.
+        assert proc.poll() is None and not watch.killed
+        (checkpoint if first == "record" else record)()
         thread.join(timeout=10)
         assert proc.wait(timeout=10) == -signal.SIGKILL and watch.killed
         assert asked == [1] and gpu_checks.served_names(watch.models or {}, "agl-policy")[0]
