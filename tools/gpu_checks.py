@@ -8,6 +8,7 @@ against a real GPU run.
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -101,6 +102,19 @@ def resumed(
     ok = ok and line in log
     said = "says" if line in log else "does not say"
     return ok, f"first launch trained {before}, second {after}; twice {twice}; its log {said} '{line}'"
+
+
+# vLLM's worker logs each sleep (v1/worker/gpu_worker.py); Ray forwards it to the trainer's log.
+_SLEPT = re.compile(r"Sleep mode freed ([\d.]+) GiB memory, ([\d.]+) GiB memory is still in use")
+
+
+def slept_every_step(log: str, trained: int) -> tuple[bool, str]:
+    """The colocated replicas slept before each of the `trained` weight updates, and each sleep freed GPU memory
+    (vLLM's own measure: the device's free memory before and after; what waking takes back is not logged)."""
+    sleeps = [(float(freed), float(used)) for freed, used in _SLEPT.findall(log)]
+    detail = ", ".join(f"freed {freed:.2f} GiB ({used:.2f} GiB in use)" for freed, used in sleeps)
+    ok = trained > 0 and len(sleeps) >= trained and all(freed > 0 for freed, _ in sleeps)
+    return ok, f"{len(sleeps)} sleeps for {trained} steps: {detail or 'none logged'}"
 
 
 def toolchain() -> dict[str, str]:

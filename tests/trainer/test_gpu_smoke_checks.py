@@ -172,3 +172,17 @@ def test_the_watch_asks_the_replicas_once_then_kills_the_group_once_the_step_is_
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_the_sleep_check_needs_a_sleep_that_freed_memory_per_step() -> None:
+    # As Ray forwards vLLM's worker line to the trainer's log.
+    line = (
+        "(WorkerProc pid=71) INFO 12-04 13:00:01 [gpu_worker.py:327] "
+        "Sleep mode freed {} GiB memory, 1.20 GiB memory is still in use."
+    )
+    log = "\n".join(line.format(freed) for freed in ("30.50", "30.48"))
+    ok, detail = gpu_checks.slept_every_step(log, 2)
+    assert ok and "freed 30.50 GiB (1.20 GiB in use)" in detail, detail
+    assert not gpu_checks.slept_every_step(log, 3)[0]
+    assert not gpu_checks.slept_every_step(line.format("0.00") + "\n" + line.format("30.00"), 2)[0]
+    assert not gpu_checks.slept_every_step("", 0)[0]
