@@ -83,6 +83,15 @@ def served_names(answers: Mapping[str, Any], model_name: str) -> tuple[bool, str
     return ok, "; ".join(lines)
 
 
+def auto_tools(answers: Mapping[str, tuple[int, str]]) -> tuple[bool, str]:
+    """Each replica accepted a chat call with tool choice "auto" (HTTP status, text): vLLM refuses it with 400 unless
+    started with --enable-auto-tool-choice and a --tool-call-parser."""
+    if not answers:
+        return False, "no replica answered"
+    refused = {endpoint: f"{status} {text}" for endpoint, (status, text) in sorted(answers.items()) if status != 200}
+    return not refused, "; ".join(f"{e}: {said}" for e, said in refused.items()) or f"{len(answers)} accepted"
+
+
 def training_steps(records: Sequence[Mapping[str, Any]]) -> list[int]:
     """The steps a launch trained, in order (a launch's step-0, or resumed step-N, weight sync record has no
     training/global_step)."""

@@ -13,14 +13,15 @@ Prints the toolchain (torch, CUDA, triton, the C compiler, the GPU), a table of 
 - on every updated step the engine/actor gap is under its limit (agl/push/logprob_diff_mean and verl's
   training/rollout_probs_diff_mean);
 - every step paused and drained the proxies before its weight update (agl/proxy/drained, drain_s printed);
-- every replica's GET /v1/models serves the routed model name (asked while the first launch's replicas serve);
+- every replica's GET /v1/models serves the routed model name, and a chat call with tool choice "auto" is
+  accepted, so a tool parser is on (both asked while the first launch's replicas serve; which parser is not said);
 - the replicas are registered at the last step's version; only the retained steps' rollouts are left;
 - no proxy pause is left in the ledger at the end;
 - the replicas slept before every update and each sleep freed GPU memory (vLLM's own log line, in the trainer's);
 - with --resume (the default): checkpoints every step, the trainer's process group is killed once step 1 is on
   record and checkpointed, the same command is started again, and it rewinds to step 1 and trains only the later
   steps (each step on record once).
-Not checked yet (issue 28 item 3): the replicas' tool parser (vLLM's /v1/models does not say it), greedy output
+Not checked yet (issue 28 item 3): which tool parser the replicas run (the answer does not say), greedy output
 after the first weight sync equal to Hugging Face generate, the GPU memory a wake takes back.
 Exit code 0 only when every check passes.
 """
@@ -146,18 +147,31 @@ async def ledger_state(
         return steps, list(await client.list_models(model_name)), await client.get_proxy_control()
 
 
-async def served_models(ledger: str, key: str, model_name: str) -> dict[str, Any]:
-    """Each registered replica's GET /v1/models: its parsed body, or why it did not answer."""
+# A chat call that asks for tool choice "auto": vLLM answers 400 unless the replica was started with
+# --enable-auto-tool-choice and a --tool-call-parser (agl.tool_calls); one token is enough to know.
+_TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
+
+
+async def ask_replicas(ledger: str, key: str, model_name: str) -> dict[str, Any]:
+    """Each registered replica's GET /v1/models (its parsed body, or why it did not answer) and the status and text
+    of a chat call with tool choice "auto", as {endpoint: {"models": ..., "tools": (status, text)}}."""
     async with LedgerClient(ledger, key=key or None) as client:
-        endpoints = [e.endpoint for e in await client.list_models(model_name)]
+        endpoints = [e.endpoint.rstrip("/") for e in await client.list_models(model_name)]
+    call = {"model": model_name, "messages": [{"role": "user", "content": "1+1?"}], "max_tokens": 1}
+    call |= {"tools": [_TOOL], "tool_choice": "auto"}
     answers: dict[str, Any] = {}
-    async with httpx.AsyncClient(timeout=10) as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         for endpoint in endpoints:
+            answer: dict[str, Any] = {}
             try:
-                answer = await http.get(f"{endpoint.rstrip('/')}/models")
-                answers[endpoint] = answer.json() if answer.is_success else f"HTTP {answer.status_code}"
+                got = await http.get(f"{endpoint}/models")
+                answer["models"] = got.json() if got.is_success else f"HTTP {got.status_code}"
+                posted = await http.post(f"{endpoint}/chat/completions", json=call)
+                answer["tools"] = (posted.status_code, posted.text[:300])
             except (httpx.HTTPError, ValueError) as exc:
-                answers[endpoint] = f"{type(exc).__name__}: {exc}"
+                answer.setdefault("models", f"{type(exc).__name__}: {exc}")
+                answer["tools"] = (0, f"{type(exc).__name__}: {exc}")
+            answers[endpoint] = answer
     return answers
 
 
@@ -185,7 +199,8 @@ class Watch:
                 try:
                     self.models = self.ask()
                 except Exception as exc:  # the check prints it
-                    self.models = {"ledger": f"{type(exc).__name__}: {exc}"}
+                    said = f"{type(exc).__name__}: {exc}"
+                    self.models = {"ledger": {"models": said, "tools": (0, said)}}
             # verl writes its tracker once a checkpoint is whole; the run's folder is new, so any is this step's.
             on_record = self.kill_after in gpu_checks.training_steps(self.records)
             if self.kill_after and on_record and (self.checkpoints / "latest_checkpointed_iteration.txt").exists():
@@ -243,7 +258,7 @@ def main() -> int:
         print(f"run {run_id}: trainer log {state / 'trainer.log'}", flush=True)
 
         def ask() -> dict[str, Any]:
-            return asyncio.run(served_models(ledger, key, model_name))
+            return asyncio.run(ask_replicas(ledger, key, model_name))
 
         run = functools.partial(launch, argv, env, metrics=state / "metrics.jsonl", total=args.steps, ask=ask)
         first: list[dict[str, Any]] = []
@@ -258,6 +273,8 @@ def main() -> int:
         # The last launch's replicas may be gone before they are asked (its first record is its last step).
         models = models or watch.models
         left, endpoints, control = asyncio.run(ledger_state(ledger, key, run_id, model_name))
+    served = {endpoint: answer["models"] for endpoint, answer in (models or {}).items()}
+    tools = {endpoint: answer["tools"] for endpoint, answer in (models or {}).items()}
     steps = {r["step"]: r["data"] for r in [*first, *records] if "training/global_step" in r["data"]}
     trained, trained_detail = steps_trained_or_skipped(steps, args.steps)
     kept, kept_detail = retention_kept(left, args.steps, KEEP_STEPS)
@@ -267,7 +284,8 @@ def main() -> int:
         check("every step updated or skipped for no signal, one updated", trained, trained_detail),
         check("log-prob gap engine/actor under the limits on every updated step", *gpu_checks.gaps_under(steps)),
         check("proxies paused and drained around every weight update", *gpu_checks.drained_every_step(steps)),
-        check("replicas serve the routed model name", *gpu_checks.served_names(models or {}, model_name)),
+        check("replicas serve the routed model name", *gpu_checks.served_names(served, model_name)),
+        check("replicas parse tool calls (tool choice auto accepted)", *gpu_checks.auto_tools(tools)),
         # The replicas serve the last step's update (model_version = the step whose update they loaded).
         check(
             "endpoints registered at the last step", bool(endpoints) and max(e.version for e in endpoints) == args.steps

@@ -5,7 +5,10 @@ for no learning signal has no actor metrics) and refuse a wrong one."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import http.server
+import json
 import os
 import signal
 import subprocess
@@ -19,8 +22,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
 
-from services._gen.agl.v1 import proxy_control_pb2
+from services._gen.agl.v1 import model_pb2, proxy_control_pb2
+from services.client import LedgerClient
 from services.trainer.config import CONFIG_DIR, CONFIG_NAME
+from tests.support.procs import start_ledger
 from tools import gpu_checks, gpu_smoke
 
 pytestmark = pytest.mark.trainer
@@ -186,3 +191,74 @@ def test_the_sleep_check_needs_a_sleep_that_freed_memory_per_step() -> None:
     assert not gpu_checks.slept_every_step(log, 3)[0]
     assert not gpu_checks.slept_every_step(line.format("0.00") + "\n" + line.format("30.00"), 2)[0]
     assert not gpu_checks.slept_every_step("", 0)[0]
+
+
+def test_the_tool_check_needs_every_replica_to_accept_tool_choice_auto() -> None:
+    accepted = (200, '{"choices": [{"message": {"content": "2"}}]}')
+    refused = (400, '{"error": {"message": "\\"auto\\" tool choice requires --enable-auto-tool-choice and ..."}}')
+    assert gpu_checks.auto_tools({"http://a/v1": accepted, "http://b/v1": accepted})[0]
+    ok, detail = gpu_checks.auto_tools({"http://a/v1": accepted, "http://b/v1": refused})
+    assert not ok and detail.startswith("http://b/v1: 400")
+    assert not gpu_checks.auto_tools({"http://a/v1": (0, "ConnectError: refused")})[0]
+    assert not gpu_checks.auto_tools({})[0]
+
+
+class _Replica(http.server.BaseHTTPRequestHandler):
+    """A replica as vLLM answers: its served name at /v1/models; tool choice "auto" refused with 400 unless started
+    with a tool parser (the class attribute)."""
+
+    served = "agl-policy"
+    parser = True
+
+    def _send(self, status: int, body: dict[str, object]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._send(200, {"object": "list", "data": [{"id": self.served, "object": "model"}]})
+
+    def do_POST(self) -> None:
+        call = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if call.get("tool_choice") == "auto" and not self.parser:
+            self._send(400, {"error": {"message": '"auto" tool choice requires --enable-auto-tool-choice'}})
+        else:
+            self._send(200, {"choices": [{"message": {"content": "2"}}]})
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_replicas_are_asked_through_the_ledgers_endpoints() -> None:
+    good = type("Good", (_Replica,), {})
+    bare = type("Bare", (_Replica,), {"served": "/models/tiny", "parser": False})
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) for handler in (good, bare)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    urls = [f"http://127.0.0.1:{server.server_address[1]}/v1" for server in servers]
+    try:
+        with start_ledger() as ledger:
+
+            async def register(url: str) -> None:
+                async with LedgerClient(ledger.address) as client:
+                    await client.register_models([model_pb2.ModelEndpoint(model_name="agl-policy", endpoint=url)])
+
+            asyncio.run(register(urls[0]))
+            answers = asyncio.run(gpu_smoke.ask_replicas(ledger.address, "", "agl-policy"))
+            assert list(answers) == [urls[0]]
+            assert gpu_checks.served_names({u: a["models"] for u, a in answers.items()}, "agl-policy")[0]
+            assert gpu_checks.auto_tools({u: a["tools"] for u, a in answers.items()})[0]
+            # A replica started without the routed name and without a tool parser.
+            asyncio.run(register(urls[1]))
+            answers = asyncio.run(gpu_smoke.ask_replicas(ledger.address, "", "agl-policy"))
+            assert sorted(answers) == sorted(urls)
+            assert not gpu_checks.served_names({u: a["models"] for u, a in answers.items()}, "agl-policy")[0]
+            ok, detail = gpu_checks.auto_tools({u: a["tools"] for u, a in answers.items()})
+            assert not ok and detail.startswith(f"{urls[1]}: 400"), detail
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
