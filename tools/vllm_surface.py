@@ -1,0 +1,320 @@
+"""The vLLM internals verl reaches into, found statically in verl's source and looked up statically in a vLLM
+source tree, so that the vLLM release of the GPU trainer image is chosen on evidence (issue 28 row 12).
+
+What counts as a reference (every verl module that names vLLM, read with `ast`, nothing imported):
+- `import vllm.x.y` and `from vllm.x import Y` (kind `import`), wherever they stand (module top, a function, a
+  try block: verl guards some with a fallback, and the record says which resolve);
+- an attribute read or written through a name bound to such an import (`attr` / `patch`), e.g.
+  `AsyncLLM.from_vllm_config`, `setattr(LRUCacheWorkerLoRAManager, "_load_adapter", ...)`;
+- what verl's worker extension (mixed into vLLM's GPU `Worker` by `worker_extension_cls`) reads from the worker
+  (`self.x`) and from its model runner (`self.model_runner.x`) that the extension does not define itself
+  (`worker`).
+
+A reference is `ok` when the vLLM tree defines it: a module file, a top-level binding (def, class, assignment,
+import, also under `if`/`try`), a submodule, or a class member (its body, `self.x =` in its methods, its bases,
+followed through imports). What is read through a value (an instance, a function's result) is checked only as far
+as the value. Re-running this on a new verl or vLLM and comparing with the committed record
+(deploy/docker/trainer-vllm-surface.txt) shows what moved.
+
+    python -m tools.vllm_surface --vllm-src DIR [--verl-src DIR] [--write deploy/docker/trainer-vllm-surface.txt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+# verl's worker extension and the vLLM classes it is mixed into / reads from (vllm.v1.worker).
+EXTENSION = ("workers/rollout/vllm_rollout/utils.py", "vLLMColocateWorkerExtension")
+WORKER = ("vllm.v1.worker.gpu_worker", "Worker")
+MODEL_RUNNER = ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")
+DEPTH = 8
+
+
+@dataclass(frozen=True, order=True)
+class Reference:
+    """One place verl depends on vLLM: `target` is a dotted path (`vllm.a.b:Name.attr` for names in a module)."""
+
+    kind: str  # import | attr | patch | worker
+    verl_file: str  # relative to the verl package
+    target: str
+
+
+def verl_files(verl_root: Path) -> Iterator[Path]:
+    """verl's modules that name vLLM at all."""
+    for path in sorted(verl_root.rglob("*.py")):
+        if "vllm" in path.read_text(errors="replace"):
+            yield path
+
+
+def _chain(node: ast.AST) -> list[str] | None:
+    """`a.b.c` as ["a", "b", "c"]; None for anything else (a call, a subscript)."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id, *reversed(parts)]
+
+
+def file_references(tree: ast.Module, rel: str) -> set[Reference]:
+    """The imports of vLLM in one verl module and what is read or patched through the names they bind."""
+    bound: dict[str, str] = {}  # local name -> "vllm.mod" or "vllm.mod:Name"
+    found: set[Reference] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "vllm":
+                    found.add(Reference("import", rel, alias.name))
+                    if alias.asname:
+                        bound[alias.asname] = alias.name
+                    else:
+                        bound["vllm"] = "vllm"
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "vllm":
+            for alias in node.names:
+                target = f"{node.module}:{alias.name}"
+                found.add(Reference("import", rel, target))
+                bound[alias.asname or alias.name] = target
+    written: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                parts = _chain(target)
+                if parts and len(parts) > 1 and parts[0] in bound:
+                    found.add(Reference("patch", rel, _join(bound[parts[0]], parts[1:])))
+                    written.add(id(target))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            obj, name = [*node.args, None, None][:2]
+            if isinstance(obj, ast.Name) and obj.id in bound and isinstance(name, ast.Constant):
+                found.add(Reference("patch", rel, _join(bound[obj.id], [str(name.value)])))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and id(node) not in written and not isinstance(node.ctx, ast.Del):
+            parts = _chain(node)
+            if parts and parts[0] in bound:
+                found.add(Reference("attr", rel, _join(bound[parts[0]], parts[1:])))
+    # Only the longest read of a chain: `a.b.c` implies `a.b`.
+    reads = {r.target for r in found if r.kind == "attr"}
+    return {r for r in found if r.kind != "attr" or not any(t.startswith(r.target + ".") for t in reads)}
+
+
+def _join(base: str, attrs: list[str]) -> str:
+    if ":" in base:
+        return ".".join([base, *attrs])
+    # A module bound by `import vllm.x`: its attributes may be submodules or names; resolved later.
+    return base + (":" + ".".join(attrs) if attrs else "")
+
+
+def extension_references(tree: ast.Module, rel: str, class_name: str) -> set[Reference]:
+    """What verl's worker extension reads from the vLLM worker it is mixed into (and from its model runner)."""
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
+    own = _members(cls, owner=None)
+    found: set[Reference] = set()
+    for node in ast.walk(cls):
+        parts = _chain(node) if isinstance(node, ast.Attribute) else None
+        if not parts or parts[0] != "self" or parts[1] in own:
+            continue
+        if parts[1] == "model_runner" and len(parts) > 2:
+            found.add(Reference("worker", rel, f"{MODEL_RUNNER[0]}:{MODEL_RUNNER[1]}.{parts[2]}"))
+        else:
+            found.add(Reference("worker", rel, f"{WORKER[0]}:{WORKER[1]}.{parts[1]}"))
+    return found
+
+
+def references(verl_root: Path) -> list[Reference]:
+    """Every reference of verl (installed at `verl_root`, the package folder) to vLLM, sorted."""
+    found: set[Reference] = set()
+    for path in verl_files(verl_root):
+        rel = path.relative_to(verl_root).as_posix()
+        tree = ast.parse(path.read_text(errors="replace"))
+        found |= file_references(tree, rel)
+        if rel == EXTENSION[0]:
+            found |= extension_references(tree, rel, EXTENSION[1])
+    return sorted(found)
+
+
+class Tree:
+    """A vLLM source tree (the folder holding `vllm/`), looked up without importing anything."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._parsed: dict[str, ast.Module | None] = {}
+
+    def module(self, dotted: str) -> ast.Module | None:
+        if dotted not in self._parsed:
+            base = self.root.joinpath(*dotted.split("."))
+            path = next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+            self._parsed[dotted] = ast.parse(path.read_text(errors="replace")) if path else None
+        return self._parsed[dotted]
+
+    def binding(self, dotted: str, name: str, depth: int = 0) -> tuple[str, object] | None:
+        """What `name` is in module `dotted`: ("module", dotted), ("class", (module, ClassDef)), ("value", None);
+        None when it is not there."""
+        if self.module(f"{dotted}.{name}") is not None:
+            return "module", f"{dotted}.{name}"
+        tree = self.module(dotted)
+        if tree is None or depth > DEPTH:
+            return None
+        for node in _top_level(tree.body):
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                return "class", (dotted, node)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+                return "value", None
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if (alias.asname or alias.name) == name:
+                        source = _absolute(dotted, node, _is_pkg(self, dotted))
+                        return self.binding(source, alias.name, depth + 1) or ("value", None)
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname == name:
+                        return "module", alias.name
+            if name in _assigned(node):
+                return "value", None
+        return None
+
+    def member(self, module: str, cls: ast.ClassDef, name: str, depth: int = 0) -> bool:
+        """Whether class `cls` of `module`, or a base it names, defines `name`."""
+        if name in _members(cls):
+            return True
+        if depth > DEPTH:
+            return False
+        for base in cls.bases:
+            parts = _chain(base)
+            if not parts:
+                continue
+            found = self.binding(module, parts[0]) if len(parts) == 1 else self._walk(module, parts)
+            if found and found[0] == "class":
+                base_module, base_cls = found[1]  # type: ignore[misc]
+                if self.member(base_module, base_cls, name, depth + 1):
+                    return True
+        return False
+
+    def _walk(self, module: str, parts: list[str]) -> tuple[str, object] | None:
+        found = self.binding(module, parts[0])
+        for part in parts[1:]:
+            if not found or found[0] != "module":
+                return None
+            found = self.binding(str(found[1]), part)
+        return found
+
+    def resolve(self, target: str) -> str:
+        """`ok`, or `missing <what>`: the first part of the target this tree does not define."""
+        dotted, _, rest = target.partition(":")
+        if self.module(dotted) is None:
+            return f"missing module {dotted}"
+        current: tuple[str, object] = ("module", dotted)
+        for part in rest.split(".") if rest else []:
+            kind, value = current
+            if kind == "module":
+                found = self.binding(str(value), part)
+                if found is None:
+                    return f"missing {value}.{part}"
+                current = found
+            elif kind == "class":
+                module, cls = value  # type: ignore[misc]
+                dunder = part.startswith("__") and part.endswith("__")  # object's, when the class has none
+                if not dunder and not self.member(module, cls, part):
+                    return f"missing {module}.{cls.name}.{part}"
+                current = ("value", None)
+            else:
+                break  # read through a value: not checked statically
+        return "ok"
+
+
+def _is_pkg(tree: Tree, dotted: str) -> bool:
+    return tree.root.joinpath(*dotted.split("."), "__init__.py").is_file()
+
+
+def _absolute(module: str, node: ast.ImportFrom, is_pkg: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module.split(".")
+    if not is_pkg:
+        package = package[:-1]
+    package = package[: len(package) - (node.level - 1)]
+    return ".".join([*package, *([node.module] if node.module else [])])
+
+
+def _top_level(body: Iterable[ast.stmt]) -> Iterator[ast.stmt]:
+    """Module statements, including those under `if`, `try` and `with` (TYPE_CHECKING blocks, fallbacks)."""
+    for node in body:
+        yield node
+        if isinstance(node, ast.If):
+            yield from _top_level([*node.body, *node.orelse])
+        elif isinstance(node, ast.Try):
+            yield from _top_level(
+                [*node.body, *node.orelse, *node.finalbody, *(s for h in node.handlers for s in h.body)]
+            )
+        elif isinstance(node, ast.With):
+            yield from _top_level(node.body)
+
+
+def _assigned(node: ast.stmt) -> set[str]:
+    targets: list[ast.expr] = []
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+        targets = [node.target]
+    names: set[str] = set()
+    for target in targets:
+        for sub in ast.walk(target):
+            if isinstance(sub, ast.Name):
+                names.add(sub.id)
+    return names
+
+
+def _members(cls: ast.ClassDef, owner: str | None = "self") -> set[str]:
+    """Names a class body defines, and the attributes its methods set on `owner` (None: on any name, as verl's
+    extension does on the instance it builds)."""
+    names: set[str] = set()
+    for node in _top_level(cls.body):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        names |= _assigned(node)
+    for node in ast.walk(cls):
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        for target in targets:
+            parts = _chain(target) if isinstance(target, ast.Attribute) else None
+            if parts and len(parts) == 2 and owner in (None, parts[0]):
+                names.add(parts[1])
+    return names
+
+
+def record(refs: Iterable[Reference], tree: Tree) -> list[str]:
+    """One line per reference: kind, verl file, target, and what the vLLM tree says."""
+    return [f"{r.kind}\t{r.verl_file}\t{r.target}\t{tree.resolve(r.target)}" for r in refs]
+
+
+def installed_package(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"{name} is not installed in this interpreter: pass its source folder")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vllm-src", type=Path, required=True, help="the folder holding vllm/ (an unzipped wheel)")
+    parser.add_argument("--verl-src", type=Path, default=None, help="verl's package folder (default: installed)")
+    parser.add_argument("--write", type=Path, default=None, help="write the record here (with a header)")
+    parser.add_argument("--header", default="", help="comment lines for the record's top")
+    args = parser.parse_args(argv)
+    lines = record(references(args.verl_src or installed_package("verl")), Tree(args.vllm_src))
+    text = "\n".join(lines) + "\n"
+    if args.write:
+        head = "".join(f"# {line}\n" for line in args.header.splitlines())
+        args.write.write_text(head + text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
