@@ -269,6 +269,9 @@ def main() -> int:
             )
             print(f"killed the trainer's process group after step {kill_after}: {killer.killed}; again", flush=True)
             models = killer.models
+            # Out of the next launch's way: `follow` reads the file from its start, before verl starts it anew.
+            if (state / "metrics.jsonl").exists():
+                (state / "metrics.jsonl").rename(state / "metrics-killed.jsonl")
         code, records, watch = run(log=state / "trainer.log", checkpoints=state / "checkpoints")
         # The last launch's replicas may be gone before they are asked (its first record is its last step).
         models = models or watch.models
