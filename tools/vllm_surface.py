@@ -6,11 +6,15 @@ What counts as a reference (every verl module that names vLLM, read with `ast`, 
   try block: verl guards some with a fallback, and the record says which resolve);
 - an attribute read or written through a name bound to such an import (`attr` / `patch`), e.g.
   `AsyncLLM.from_vllm_config`, `setattr(LRUCacheWorkerLoRAManager, "_load_adapter", ...)`;
+- a call through such a name with keyword arguments (`call`), e.g. `AsyncEngineArgs(enable_sleep_mode=...)`:
+  the keywords must be parameters of the function (or of the class's `__init__`, or its fields for a dataclass
+  or a pydantic model), unless it takes `**kwargs`;
 - what verl's worker extension (mixed into vLLM's GPU `Worker` by `worker_extension_cls`) reads from the worker
   (`self.x`) and from its model runner (`self.model_runner.x`) that the extension does not define itself
   (`worker`).
 
-A reference is `ok` when the vLLM tree defines it: a module file, a top-level binding (def, class, assignment,
+A reference is `ok` when the vLLM tree defines it (`refuses k` names a keyword a call passes that the callable
+no longer takes): a module file, a top-level binding (def, class, assignment,
 import, also under `if`/`try`), a submodule, or a class member (its body, `self.x =` in its methods, its bases,
 followed through imports). What is read through a value (an instance, a function's result) is checked only as far
 as the value. Re-running this on a new verl or vLLM and comparing with the committed record
@@ -40,7 +44,7 @@ DEPTH = 8
 class Reference:
     """One place verl depends on vLLM: `target` is a dotted path (`vllm.a.b:Name.attr` for names in a module)."""
 
-    kind: str  # import | attr | patch | worker
+    kind: str  # import | attr | patch | call | worker
     verl_file: str  # relative to the verl package
     target: str
 
@@ -94,6 +98,11 @@ def file_references(tree: ast.Module, rel: str) -> set[Reference]:
             obj, name = [*node.args, None, None][:2]
             if isinstance(obj, ast.Name) and obj.id in bound and isinstance(name, ast.Constant):
                 found.add(Reference("patch", rel, _join(bound[obj.id], [str(name.value)])))
+    for node in ast.walk(tree):
+        parts = _chain(node.func) if isinstance(node, ast.Call) else None
+        keywords = sorted(k.arg for k in node.keywords if k.arg) if isinstance(node, ast.Call) else []
+        if parts and parts[0] in bound and keywords:
+            found.add(Reference("call", rel, f"{_join(bound[parts[0]], parts[1:])}({','.join(keywords)})"))
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and id(node) not in written and not isinstance(node.ctx, ast.Del):
             parts = _chain(node)
@@ -154,8 +163,8 @@ class Tree:
         return self._parsed[dotted]
 
     def binding(self, dotted: str, name: str, depth: int = 0) -> tuple[str, object] | None:
-        """What `name` is in module `dotted`: ("module", dotted), ("class", (module, ClassDef)), ("value", None);
-        None when it is not there."""
+        """What `name` is in module `dotted`: ("module", dotted), ("class", (module, ClassDef)), ("function", def),
+        ("value", None); None when it is not there."""
         if self.module(f"{dotted}.{name}") is not None:
             return "module", f"{dotted}.{name}"
         tree = self.module(dotted)
@@ -165,7 +174,7 @@ class Tree:
             if isinstance(node, ast.ClassDef) and node.name == name:
                 return "class", (dotted, node)
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
-                return "value", None
+                return "function", node
             if isinstance(node, ast.ImportFrom):
                 for alias in node.names:
                     if (alias.asname or alias.name) == name:
@@ -179,22 +188,58 @@ class Tree:
                 return "value", None
         return None
 
-    def member(self, module: str, cls: ast.ClassDef, name: str, depth: int = 0) -> bool:
-        """Whether class `cls` of `module`, or a base it names, defines `name`."""
+    def member(self, module: str, cls: ast.ClassDef, name: str, depth: int = 0) -> tuple[str, object] | None:
+        """What class `cls` of `module`, or a base it names, defines as `name`: ("function", def),
+        ("class", (module, ClassDef)) or ("value", None); None when none defines it."""
+        for node in _top_level(cls.body):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+                return "function", node
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                return "class", (module, node)
         if name in _members(cls):
-            return True
+            return "value", None
+        for base_module, base_cls in self._bases(module, cls, depth):
+            found = self.member(base_module, base_cls, name, depth + 1)
+            if found:
+                return found
+        return None
+
+    def fields(self, module: str, cls: ast.ClassDef, depth: int = 0) -> set[str]:
+        """The annotated attributes of a class and its bases (a dataclass's or a pydantic model's fields)."""
+        names = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+        for base_module, base_cls in self._bases(module, cls, depth):
+            names |= self.fields(base_module, base_cls, depth + 1)
+        return names
+
+    def _bases(self, module: str, cls: ast.ClassDef, depth: int) -> Iterator[tuple[str, ast.ClassDef]]:
         if depth > DEPTH:
-            return False
+            return
         for base in cls.bases:
             parts = _chain(base)
             if not parts:
                 continue
             found = self.binding(module, parts[0]) if len(parts) == 1 else self._walk(module, parts)
             if found and found[0] == "class":
-                base_module, base_cls = found[1]  # type: ignore[misc]
-                if self.member(base_module, base_cls, name, depth + 1):
-                    return True
-        return False
+                yield found[1]  # type: ignore[misc]
+
+    def accepts(self, found: tuple[str, object], keywords: list[str]) -> list[str]:
+        """The keywords a call of `found` (a function, or a class: its __init__ or its fields) would not take;
+        [] also when the callable's parameters cannot be read statically (a value, a class built elsewhere)."""
+        kind, value = found
+        if kind == "class":
+            module, cls = value  # type: ignore[misc]
+            init = self.member(module, cls, "__init__")
+            if init and init[0] == "function":
+                return self.accepts(init, keywords)
+            fields = self.fields(module, cls)
+            return [k for k in keywords if k not in fields] if fields else []
+        if kind != "function":
+            return []
+        args = value.args  # type: ignore[attr-defined]
+        if args.kwarg:
+            return []
+        names = {a.arg for a in [*args.args, *args.kwonlyargs]}
+        return [k for k in keywords if k not in names]
 
     def _walk(self, module: str, parts: list[str]) -> tuple[str, object] | None:
         found = self.binding(module, parts[0])
@@ -206,6 +251,7 @@ class Tree:
 
     def resolve(self, target: str) -> str:
         """`ok`, or `missing <what>`: the first part of the target this tree does not define."""
+        target, _, call = target.partition("(")
         dotted, _, rest = target.partition(":")
         if self.module(dotted) is None:
             return f"missing module {dotted}"
@@ -220,12 +266,15 @@ class Tree:
             elif kind == "class":
                 module, cls = value  # type: ignore[misc]
                 dunder = part.startswith("__") and part.endswith("__")  # object's, when the class has none
-                if not dunder and not self.member(module, cls, part):
+                found = self.member(module, cls, part)
+                if not found and not dunder:
                     return f"missing {module}.{cls.name}.{part}"
-                current = ("value", None)
+                current = found or ("value", None)
             else:
-                break  # read through a value: not checked statically
-        return "ok"
+                current = ("value", None)  # read through a value (or a function): not checked statically
+                break
+        refused = self.accepts(current, call.rstrip(")").split(",")) if call.rstrip(")") else []
+        return f"refuses {','.join(refused)}" if refused else "ok"
 
 
 def _is_pkg(tree: Tree, dotted: str) -> bool:

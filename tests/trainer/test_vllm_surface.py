@@ -21,7 +21,8 @@ pytestmark = pytest.mark.trainer
 RECORD = REPO_ROOT / "deploy" / "docker" / "trainer-vllm-surface.txt"
 DOCKERFILE = REPO_ROOT / "deploy" / "docker" / "trainer.Dockerfile"
 
-# What the image's vLLM does not define, each off the path of a bf16 colocated run or behind verl's own fallback.
+# What the image's vLLM does not define or no longer takes, each off the path of a bf16 colocated run or behind verl's
+# own fallback or version branch.
 NOT_ON_OUR_PATH = {
     "vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod": "ModelOpt NVFP4 quantization",
     "vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.__init__": "ModelOpt NVFP4",
@@ -35,6 +36,15 @@ NOT_ON_OUR_PATH = {
     "vllm.model_executor.layers.quantization.utils.fp8_utils:maybe_post_process_fp8_weight_block": "FP8 rollout",
     "vllm.model_executor.layers.fused_moe.layer:FusedMoE": "FP8/FP4 rollout; verl falls back to None",
     "vllm.model_executor.layers:fused_moe.weight_loader": "Ascend NPU patch (a local of the same name, not the module)",
+    "vllm.distributed.utils:StatelessProcessGroup(data_expiration_seconds,rank,socket,store,world_size)": (
+        "verl's branch for vLLM < 0.19"
+    ),
+    "vllm._custom_ops:gptq_marlin_repack(b_q_weight,num_bits,perm,size_k,size_n)": "ModelOpt NVFP4",
+    "vllm._custom_ops:gptq_marlin_repack(b_q_weight,is_a_8bit,num_bits,perm,size_k,size_n)": "QAT (NVFP4)",
+    "vllm.model_executor.layers.quantization.modelopt:make_nvfp4_moe_kernel(experts_cls,moe_config,moe_quant_config,"
+    "routing_tables,shared_experts)": "ModelOpt NVFP4 MoE",
+    "vllm.model_executor.layers.fused_moe.oracle.fp8:make_fp8_moe_kernel(experts_cls,fp8_backend,moe_config,"
+    "moe_quant_config,routing_tables,shared_experts)": "FP8 MoE rollout",
 }
 
 
@@ -69,7 +79,7 @@ def test_the_record_is_of_the_images_vllm_and_everything_else_resolves() -> None
     assert pin and pin.group(1) == header["vllm"]
     missing = {target for _, _, target, status in rows if status != "ok"}
     assert missing == set(NOT_ON_OUR_PATH)
-    assert all(status == "ok" or status.startswith("missing ") for *_, status in rows)
+    assert all(status == "ok" or status.startswith(("missing ", "refuses ")) for *_, status in rows)
 
 
 def test_the_engines_vllm_source_resolves_each_reference_as_recorded() -> None:
@@ -80,8 +90,8 @@ def test_the_engines_vllm_source_resolves_each_reference_as_recorded() -> None:
     assert sources, f"no vllm package in {python.parents[1]}"
     tree = vllm_surface.Tree(sources[0].parents[1])
     _, rows = recorded()
-    differ = [(target, status, tree.resolve(target)) for _, _, target, status in rows if tree.resolve(target) != status]
-    assert not differ
+    verdicts = {target: (status, tree.resolve(target)) for _, _, target, status in rows}
+    assert {target: pair for target, pair in verdicts.items() if pair[0] != pair[1]} == {}
 
 
 def _write(root: Path, module: str, source: str) -> None:
@@ -93,25 +103,32 @@ def _write(root: Path, module: str, source: str) -> None:
 def test_the_resolver_follows_reexports_and_bases_and_refuses_what_moved(tmp_path: Path) -> None:
     _write(tmp_path, "vllm.__init__", "from .engine import Engine as Engine\n")
     _write(tmp_path, "vllm.engine.__init__", "from vllm.engine.core import Engine\n")
-    _write(tmp_path, "vllm.engine.base", "class Base:\n    def sleep(self):\n        self.level = 1\n")
+    base = "class Base:\n    def __init__(self, model, *, level=0):\n        self.level = level\n"
+    base += "    def sleep(self): ...\n"
+    _write(tmp_path, "vllm.engine.base", base)
+    _write(tmp_path, "vllm.config", "class Config:\n    model: str\n    seed: int = 0\n")
     _write(tmp_path, "vllm.engine.core", "from .base import Base\nclass Engine(Base):\n    kind = 'x'\n")
     tree = vllm_surface.Tree(tmp_path)
     assert tree.resolve("vllm:Engine.sleep") == "ok"
     assert tree.resolve("vllm:Engine.level") == "ok"  # set on self in a base's method
     assert tree.resolve("vllm.engine.core:Engine.kind") == "ok"
     assert tree.resolve("vllm:engine.base.Base") == "ok"  # a submodule reached as an attribute
+    assert tree.resolve("vllm:Engine(level,model)") == "ok"  # the base's __init__
+    assert tree.resolve("vllm.config:Config(model,seed)") == "ok"  # the fields
+    assert tree.resolve("vllm:Engine(model,sleep_level)") == "refuses sleep_level"
+    assert tree.resolve("vllm.config:Config(model,dtype)") == "refuses dtype"
     assert tree.resolve("vllm:Engine.wake") == "missing vllm.engine.core.Engine.wake"
     assert tree.resolve("vllm.engine:Worker") == "missing vllm.engine.Worker"
     assert tree.resolve("vllm.gone:Engine") == "missing module vllm.gone"
 
 
-def test_the_finder_sees_imports_reads_patches_and_the_worker_extensions_reads() -> None:
+def test_the_finder_sees_imports_reads_patches_calls_and_the_worker_extensions_reads() -> None:
     source = (
         "import vllm.entrypoints.serve\n"
         "from vllm.lora import Manager\n"
         "def hook():\n"
         "    from vllm.v1 import AsyncLLM\n"
-        "    AsyncLLM.from_config(1)\n"
+        "    AsyncLLM.from_config(1, usage=2)\n"
         "    vllm.entrypoints.serve.run(2)\n"
         "    Manager._load = hook\n"
         "    setattr(Manager, '_unload', hook)\n"
@@ -129,6 +146,7 @@ def test_the_finder_sees_imports_reads_patches_and_the_worker_extensions_reads()
         ("import", "vllm.lora:Manager"),
         ("import", "vllm.v1:AsyncLLM"),
         ("attr", "vllm.v1:AsyncLLM.from_config"),
+        ("call", "vllm.v1:AsyncLLM.from_config(usage)"),
         ("attr", "vllm:entrypoints.serve.run"),
         ("patch", "vllm.lora:Manager._load"),
         ("patch", "vllm.lora:Manager._unload"),
