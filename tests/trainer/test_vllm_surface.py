@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -146,19 +147,21 @@ def test_the_resolver_follows_reexports_and_bases_and_refuses_what_moved(tmp_pat
 
 
 def test_the_finder_sees_imports_reads_patches_calls_and_the_worker_extensions_reads() -> None:
-    source = (
-        "import vllm.entrypoints.serve\n"
-        "from vllm.lora import Manager\n"
-        "def hook():\n"
-        "    from vllm.v1 import AsyncLLM\n"
-        "    AsyncLLM.from_config(1, usage=2)\n"
-        "    vllm.entrypoints.serve.run(2)\n"
-        "    Manager._load = hook\n"
-        "    setattr(Manager, '_unload', hook)\n"
-        "class vLLMColocateWorkerExtension:\n"
-        "    def update(self):\n"
-        "        self.mine = 1\n"
-        "        return self.model_runner.model, self.device, self.mine\n"
+    source = textwrap.dedent(
+        """\
+        import vllm.entrypoints.serve
+        from vllm.lora import Manager
+        def hook():
+            from vllm.v1 import AsyncLLM
+            AsyncLLM.from_config(1, usage=2)
+            vllm.entrypoints.serve.run(2)
+            Manager._load = hook
+            setattr(Manager, '_unload', hook)
+        class vLLMColocateWorkerExtension:
+            def update(self):
+                self.mine = 1
+                return self.model_runner.model, self.device, self.mine
+        """
     )
     rel = "workers/rollout/vllm_rollout/utils.py"
     tree = ast.parse(source)
@@ -180,12 +183,14 @@ def test_the_finder_sees_imports_reads_patches_calls_and_the_worker_extensions_r
 
 
 def test_the_finder_sees_what_the_rollout_server_calls_on_its_engine() -> None:
-    source = (
-        "class Server:\n"
-        "    async def sleep(self):\n"
-        "        await self.engine.sleep(level=2)\n"
-        "        await self.engine.reset_prefix_cache()\n"
-        "        return self.engine.output_processor.state, self.other.x\n"
+    source = textwrap.dedent(
+        """\
+        class Server:
+            async def sleep(self):
+                await self.engine.sleep(level=2)
+                await self.engine.reset_prefix_cache()
+                return self.engine.output_processor.state, self.other.x
+        """
     )
     found = vllm_surface.receiver_references(ast.parse(source), "server.py", "engine", ("vllm.v1", "AsyncLLM"))
     assert {(r.kind, r.target) for r in found} == {
@@ -196,16 +201,18 @@ def test_the_finder_sees_what_the_rollout_server_calls_on_its_engine() -> None:
 
 
 def test_the_finder_sees_the_serve_options_the_server_builds() -> None:
-    source = (
-        "def launch_server(self, extra):\n"
-        "    args = {'dtype': 'bf16', 'enable_sleep_mode': True}\n"
-        "    dp_args = {'data_parallel_size': 2}\n"
-        "    args.update(dp_args)\n"
-        "    args.update({'nnodes': 2})\n"
-        "    args['served_model_name'] = 'x'\n"
-        "def generate(self):\n"
-        "    extra_args = {'kv_transfer_params': 1}\n"
-        "    kwargs = {'priority': 0}\n"
+    source = textwrap.dedent(
+        """\
+        def launch_server(self, extra):
+            args = {'dtype': 'bf16', 'enable_sleep_mode': True}
+            dp_args = {'data_parallel_size': 2}
+            args.update(dp_args)
+            args.update({'nnodes': 2})
+            args['served_model_name'] = 'x'
+        def generate(self):
+            extra_args = {'kv_transfer_params': 1}
+            kwargs = {'priority': 0}
+        """
     )
     found = vllm_surface.server_options(ast.parse(source), "server.py")
     assert {r.target for r in found} == {
