@@ -21,8 +21,11 @@ Prints the toolchain (torch, CUDA, triton, the C compiler, the GPU), a table of 
 - with --resume (the default): checkpoints every step, the trainer's process group is killed once step 1 is on
   record and checkpointed, the same command is started again, and it rewinds to step 1 and trains only the later
   steps (each step on record once).
-Not checked yet (issue 28 item 3): which tool parser the replicas run (the answer does not say), greedy output
-after the first weight sync equal to Hugging Face generate, the GPU memory a wake takes back.
+- each replica's greedy continuation of a prompt, asked as soon as the first launch registers it (after its first
+  weight sync; version 0 before and after the call), equals Hugging Face generate on the model directory
+  (tools/gpu_greedy.py);
+Not checked yet (issue 28 item 3): which tool parser the replicas run (the answer does not say), the GPU memory a
+wake takes back.
 Exit code 0 only when every check passes.
 """
 
@@ -38,7 +41,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +55,7 @@ from deploy import local_stack  # noqa: E402
 from services._gen.agl.v1 import proxy_control_pb2  # noqa: E402
 from services.cli.train import session  # noqa: E402
 from services.client import LedgerClient  # noqa: E402
-from tools import demo_train, gpu_checks  # noqa: E402
+from tools import demo_train, gpu_checks, gpu_greedy  # noqa: E402
 
 # agl.retention.keep_steps of agl_trainer.yaml (not overridden here).
 KEEP_STEPS = 2
@@ -152,16 +155,35 @@ async def ledger_state(
 _TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
 
 
+async def registered(ledger: str, key: str, model_name: str) -> dict[str, int]:
+    """The model's registered endpoints and the weights version each is registered at."""
+    async with LedgerClient(ledger, key=key or None) as client:
+        return {e.endpoint.rstrip("/"): e.version for e in await client.list_models(model_name)}
+
+
+async def ask_greedy(ledger: str, key: str, model_name: str, ids: Sequence[int]) -> dict[str, Any] | None:
+    """Each registered replica's greedy continuation of `ids` with the weights version it is registered at before
+    and after the call, {endpoint: {"greedy": ..., "versions": (before, after)}}; None until the launch has
+    registered its replicas at the first version (it replaces what an earlier run of this data dir left)."""
+    before = await registered(ledger, key, model_name)
+    if not before or any(v != gpu_greedy.FIRST_VERSION for v in before.values()):
+        return None
+    async with httpx.AsyncClient(timeout=60) as http:
+        answers = {e: {"greedy": await gpu_greedy.ask_greedy(http, e, model_name, ids)} for e in before}
+    after = await registered(ledger, key, model_name)
+    for endpoint, answer in answers.items():
+        answer["versions"] = (before[endpoint], after.get(endpoint))
+    return answers
+
+
 async def ask_replicas(ledger: str, key: str, model_name: str) -> dict[str, Any]:
     """Each registered replica's GET /v1/models (its parsed body, or why it did not answer) and the status and text
     of a chat call with tool choice "auto", as {endpoint: {"models": ..., "tools": (status, text)}}."""
-    async with LedgerClient(ledger, key=key or None) as client:
-        endpoints = [e.endpoint.rstrip("/") for e in await client.list_models(model_name)]
     call = {"model": model_name, "messages": [{"role": "user", "content": "1+1?"}], "max_tokens": 1}
     call |= {"tools": [_TOOL], "tool_choice": "auto"}
     answers: dict[str, Any] = {}
     async with httpx.AsyncClient(timeout=30) as http:
-        for endpoint in endpoints:
+        for endpoint in await registered(ledger, key, model_name):
             answer: dict[str, Any] = {}
             try:
                 got = await http.get(f"{endpoint}/models")
@@ -176,9 +198,11 @@ async def ask_replicas(ledger: str, key: str, model_name: str) -> dict[str, Any]
 
 
 class Watch:
-    """Beside a launch of the trainer, while `follow` reads its records: asks the replicas their served model once
-    the launch's first step is on record (its replicas awake, serving the next step); with `kill_after`, kills the
-    trainer's process group once that step is on record and checkpointed (as tests/trainer/faults.py's kill_when)."""
+    """Beside a launch of the trainer, while `follow` reads its records: with `greedy`, asks the replicas for a
+    greedy continuation as soon as they are registered (the launch's first weights); asks them their served model
+    once the launch's first step is on record (its replicas awake, serving the next step); with `kill_after`, kills
+    the trainer's process group once that step is on record and checkpointed (as tests/trainer/faults.py's
+    kill_when)."""
 
     def __init__(
         self,
@@ -187,14 +211,24 @@ class Watch:
         ask: Callable[[], dict[str, Any]],
         checkpoints: Path,
         kill_after: int = 0,
+        greedy: Callable[[], dict[str, Any] | None] | None = None,
     ) -> None:
         self.proc, self.records, self.ask = proc, records, ask
-        self.checkpoints, self.kill_after = checkpoints, kill_after
+        self.checkpoints, self.kill_after, self.greedy = checkpoints, kill_after, greedy
         self.models: dict[str, Any] | None = None
+        self.greedy_answers: dict[str, Any] | None = None
         self.killed = False
 
     def run(self) -> None:
+        polled = 0.0
         while self.proc.poll() is None:
+            # Once the replicas are registered (after the launch's first weight sync), before any update.
+            if self.greedy and self.greedy_answers is None and time.monotonic() - polled > 0.5:
+                polled = time.monotonic()
+                try:
+                    self.greedy_answers = self.greedy()
+                except Exception as exc:  # the check prints it
+                    self.greedy_answers = {"ledger": {"greedy": {"error": f"{type(exc).__name__}: {exc}"}}}
             if self.models is None and self.records:
                 try:
                     self.models = self.ask()
@@ -257,25 +291,41 @@ def main() -> int:
         env = local_stack.child_environment({"VERL_FILE_LOGGER_PATH": str(state / "metrics.jsonl")})
         print(f"run {run_id}: trainer log {state / 'trainer.log'}", flush=True)
 
+        greedy_ids = gpu_greedy.prompt_ids(model)
+
         def ask() -> dict[str, Any]:
             return asyncio.run(ask_replicas(ledger, key, model_name))
+
+        def greedy() -> dict[str, Any] | None:
+            return asyncio.run(ask_greedy(ledger, key, model_name, greedy_ids))
 
         run = functools.partial(launch, argv, env, metrics=state / "metrics.jsonl", total=args.steps, ask=ask)
         first: list[dict[str, Any]] = []
         models: dict[str, Any] | None = None
+        greedy_answers: dict[str, Any] | None = None
         if kill_after:
             _, first, killer = run(
-                log=state / "trainer-killed.log", checkpoints=state / "checkpoints", kill_after=kill_after
+                log=state / "trainer-killed.log",
+                checkpoints=state / "checkpoints",
+                kill_after=kill_after,
+                greedy=greedy,
             )
+            greedy_answers = killer.greedy_answers
             print(f"killed the trainer's process group after step {kill_after}: {killer.killed}; again", flush=True)
             models = killer.models
             # Out of the next launch's way: `follow` reads the file from its start, before verl starts it anew.
             if (state / "metrics.jsonl").exists():
                 (state / "metrics.jsonl").rename(state / "metrics-killed.jsonl")
-        code, records, watch = run(log=state / "trainer.log", checkpoints=state / "checkpoints")
+        # Only the first launch's replicas start from the model directory (a resumed one from its checkpoint).
+        more = {} if kill_after else {"greedy": greedy}
+        code, records, watch = run(log=state / "trainer.log", checkpoints=state / "checkpoints", **more)
+        greedy_answers = greedy_answers if kill_after else watch.greedy_answers
         # The last launch's replicas may be gone before they are asked (its first record is its last step).
         models = models or watch.models
         left, endpoints, control = asyncio.run(ledger_state(ledger, key, run_id, model_name))
+    # The trainer and its replicas are gone: the GPU is transformers' now.
+    hf, margins = gpu_greedy.hf_greedy(model, greedy_ids)
+    print(f"greedy: prompt {gpu_greedy.PROMPT!r}, Hugging Face generate {hf}", flush=True)
     served = {endpoint: answer["models"] for endpoint, answer in (models or {}).items()}
     tools = {endpoint: answer["tools"] for endpoint, answer in (models or {}).items()}
     steps = {r["step"]: r["data"] for r in [*first, *records] if "training/global_step" in r["data"]}
@@ -289,6 +339,10 @@ def main() -> int:
         check("proxies paused and drained around every weight update", *gpu_checks.drained_every_step(steps)),
         check("replicas serve the routed model name", *gpu_checks.served_names(served, model_name)),
         check("replicas parse tool calls (tool choice auto accepted)", *gpu_checks.auto_tools(tools)),
+        check(
+            "replicas' greedy output after the first weight sync equals Hugging Face generate",
+            *gpu_greedy.replicas_agree(greedy_answers or {}, hf, margins),
+        ),
         # The replicas serve the last step's update (model_version = the step whose update they loaded).
         check(
             "endpoints registered at the last step", bool(endpoints) and max(e.version for e in endpoints) == args.steps

@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -26,7 +27,7 @@ from services._gen.agl.v1 import model_pb2, proxy_control_pb2
 from services.client import LedgerClient
 from services.trainer.config import CONFIG_DIR, CONFIG_NAME
 from tests.support.procs import start_ledger
-from tools import gpu_checks, gpu_smoke
+from tools import gpu_checks, gpu_greedy, gpu_smoke
 
 pytestmark = pytest.mark.trainer
 
@@ -262,3 +263,80 @@ def test_the_replicas_are_asked_through_the_ledgers_endpoints() -> None:
         for server in servers:
             server.shutdown()
             server.server_close()
+
+
+def test_the_greedy_check_accepts_equal_tokens_or_a_first_divergence_at_a_near_tie() -> None:
+    assert gpu_greedy.greedy_agrees([5, 6, 7], [5, 6, 7], [1.0, 1.0, 1.0]) == (True, "3 tokens equal")
+    ok, detail = gpu_greedy.greedy_agrees([5, 9, 1], [5, 6, 7], [1.0, 0.01, 1.0])
+    assert ok and "token 1 (9 vs 6)" in detail and "near-tie" in detail
+    assert not gpu_greedy.greedy_agrees([5, 9, 7], [5, 6, 7], [1.0, 0.5, 1.0])[0]
+    assert not gpu_greedy.greedy_agrees([5, 6], [5, 6, 7], [1.0, 1.0, 1.0])[0]
+
+
+def test_the_greedy_check_needs_every_replica_asked_at_the_first_weights() -> None:
+    hf, margins = [5, 6, 7], [1.0, 1.0, 1.0]
+    good = {"greedy": {"ids": [5, 6, 7]}, "versions": (0, 0)}
+    assert gpu_greedy.replicas_agree({"http://a/v1": good}, hf, margins)[0]
+    # Asked across an update (registered at 0, then 1): not the first sync's weights.
+    moved = {**good, "versions": (0, 1)}
+    ok, detail = gpu_greedy.replicas_agree({"http://a/v1": good, "http://b/v1": moved}, hf, margins)
+    assert not ok and "http://b/v1 asked at weights versions (0, 1)" in detail
+    failed = {"greedy": {"error": "HTTP 500: boom"}, "versions": (0, 0)}
+    assert not gpu_greedy.replicas_agree({"http://a/v1": failed}, hf, margins)[0]
+    assert not gpu_greedy.replicas_agree({"http://a/v1": {**good, "greedy": {"ids": [5, 8, 7]}}}, hf, margins)[0]
+    assert not gpu_greedy.replicas_agree({}, hf, margins)[0]
+
+
+def test_hugging_face_greedy_is_the_argmax_of_each_next_token(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from services.engine.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "model", hidden=64, layers=2)
+    ids = gpu_greedy.prompt_ids(model_dir)
+    new, margins = gpu_greedy.hf_greedy(model_dir, ids, new_tokens=6, device="cpu", dtype="float32")
+    assert 1 <= len(new) <= 6 and len(margins) == len(new) and all(m >= 0 for m in margins)
+    # The same tokens by hand: one forward pass per token, the argmax of the last position.
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokens = list(ids)
+    with torch.no_grad():
+        for _ in new:
+            tokens.append(int(model(torch.tensor([tokens])).logits[0, -1].argmax()))
+    assert tokens[len(ids) :] == new
+
+
+class _GreedyReplica(_Replica):
+    """A replica that continues any prompt with the same token ids, as vLLM's /v1/completions returns them."""
+
+    asked: ClassVar[list[dict[str, object]]] = []
+
+    def do_POST(self) -> None:
+        call = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.asked.append(call)
+        self._send(200, {"choices": [{"text": "12", "token_ids": [16, 17]}]})
+
+
+def test_the_greedy_ask_waits_for_replicas_at_the_first_version_and_says_their_version_around_the_call() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _GreedyReplica)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    try:
+        with start_ledger() as ledger:
+
+            async def register(version: int) -> None:
+                async with LedgerClient(ledger.address) as client:
+                    endpoint = model_pb2.ModelEndpoint(model_name="agl-policy", endpoint=url, version=version)
+                    await client.register_models([endpoint])
+
+            assert asyncio.run(gpu_smoke.ask_greedy(ledger.address, "", "agl-policy", [1, 2])) is None
+            # An earlier run's endpoint at a later version: not yet this launch's first weights.
+            asyncio.run(register(2))
+            assert asyncio.run(gpu_smoke.ask_greedy(ledger.address, "", "agl-policy", [1, 2])) is None
+            asyncio.run(register(0))
+            answers = asyncio.run(gpu_smoke.ask_greedy(ledger.address, "", "agl-policy", [1, 2]))
+            assert answers == {url: {"greedy": {"ids": [16, 17]}, "versions": (0, 0)}}
+            asked = _GreedyReplica.asked[-1]
+            assert asked["prompt"] == [1, 2] and asked["temperature"] == 0 and asked["return_token_ids"] is True
+    finally:
+        server.shutdown()
+        server.server_close()
