@@ -126,6 +126,31 @@ def slept_every_step(log: str, trained: int) -> tuple[bool, str]:
     return ok, f"{len(sleeps)} sleeps for {trained} steps: {detail or 'none logged'}"
 
 
+def device_used_gib() -> float | None:
+    """GPU memory in use on device 0, all processes (vLLM's own measure in its sleep line); None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info(0)
+    return (total - free) / 2**30
+
+
+def woke_back(log: str, awake_gib: float | None) -> tuple[bool, str]:
+    """GPU memory around the replicas' first sleep and wake: in use before the sleep and after it (vLLM's sleep
+    line: freed, still in use), and after the wake (`awake_gib`, measured once the step is on record, the replicas
+    awake for the next). The wake must take back at least half of what the sleep freed."""
+    sleeps = [(float(freed), float(used)) for freed, used in _SLEPT.findall(log)]
+    if not sleeps or awake_gib is None:
+        return (
+            False,
+            f"{len(sleeps)} sleeps logged, memory after the wake {'not measured' if awake_gib is None else awake_gib}",
+        )
+    freed, asleep = sleeps[0]
+    detail = f"in use before the sleep {asleep + freed:.2f} GiB, after it {asleep:.2f}, after the wake {awake_gib:.2f}"
+    return awake_gib >= asleep + freed / 2, detail
+
+
 def toolchain() -> dict[str, str]:
     """torch, CUDA, triton and the C compiler triton builds its launcher with (issue 28 row 3)."""
     import torch

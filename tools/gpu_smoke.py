@@ -24,8 +24,9 @@ Prints the toolchain (torch, CUDA, triton, the C compiler, the GPU), a table of 
 - each replica's greedy continuation of a prompt, asked as soon as the first launch registers it (after its first
   weight sync; version 0 before and after the call), equals Hugging Face generate on the model directory
   (tools/gpu_greedy.py);
-Not checked yet (issue 28 item 3): which tool parser the replicas run (the answer does not say), the GPU memory a
-wake takes back.
+- GPU memory in use before and after the replicas' first sleep (vLLM's line) and after their wake (measured here
+  once step 1 is on record): the wake takes back at least half of what the sleep freed;
+Not checked yet (issue 28 item 3): which tool parser the replicas run (the answer does not say).
 Exit code 0 only when every check passes.
 """
 
@@ -217,6 +218,7 @@ class Watch:
         self.checkpoints, self.kill_after, self.greedy = checkpoints, kill_after, greedy
         self.models: dict[str, Any] | None = None
         self.greedy_answers: dict[str, Any] | None = None
+        self.awake_gib: float | None = None
         self.killed = False
 
     def run(self) -> None:
@@ -231,6 +233,7 @@ class Watch:
                     self.greedy_answers = {"ledger": {"greedy": {"error": f"{type(exc).__name__}: {exc}"}}}
             if self.models is None and self.records:
                 try:
+                    self.awake_gib = gpu_checks.device_used_gib()  # the replicas woke after the step's update
                     self.models = self.ask()
                 except Exception as exc:  # the check prints it
                     said = f"{type(exc).__name__}: {exc}"
@@ -303,6 +306,7 @@ def main() -> int:
         first: list[dict[str, Any]] = []
         models: dict[str, Any] | None = None
         greedy_answers: dict[str, Any] | None = None
+        awake_gib: float | None = None
         if kill_after:
             _, first, killer = run(
                 log=state / "trainer-killed.log",
@@ -312,7 +316,7 @@ def main() -> int:
             )
             greedy_answers = killer.greedy_answers
             print(f"killed the trainer's process group after step {kill_after}: {killer.killed}; again", flush=True)
-            models = killer.models
+            models, awake_gib = killer.models, killer.awake_gib
             # Out of the next launch's way: `follow` reads the file from its start, before verl starts it anew.
             if (state / "metrics.jsonl").exists():
                 (state / "metrics.jsonl").rename(state / "metrics-killed.jsonl")
@@ -322,6 +326,7 @@ def main() -> int:
         greedy_answers = greedy_answers if kill_after else watch.greedy_answers
         # The last launch's replicas may be gone before they are asked (its first record is its last step).
         models = models or watch.models
+        awake_gib = awake_gib if kill_after else watch.awake_gib
         left, endpoints, control = asyncio.run(ledger_state(ledger, key, run_id, model_name))
     # The trainer and its replicas are gone: the GPU is transformers' now.
     hf, margins = gpu_greedy.hf_greedy(model, greedy_ids)
@@ -355,6 +360,9 @@ def main() -> int:
     earlier = (state / "trainer-killed.log").read_text(errors="replace") if kill_after else ""
     slept = gpu_checks.slept_every_step(earlier + log, len(steps))
     results.append(check("replicas slept before every update, freeing GPU memory", *slept))
+    # The first launch's log holds the first sleep, the one whose wake was measured.
+    woke = gpu_checks.woke_back(earlier or log, awake_gib)
+    results.append(check("GPU memory before and after the first sleep and wake; the wake took it back", *woke))
     if kill_after:
         results.append(
             check("killed after a step, resumed", *gpu_checks.resumed(first, records, kill_after, args.steps, log))

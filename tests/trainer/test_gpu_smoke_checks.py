@@ -340,3 +340,17 @@ def test_the_greedy_ask_waits_for_replicas_at_the_first_version_and_says_their_v
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_wake_check_needs_the_memory_the_sleep_freed_back_after_the_wake() -> None:
+    log = (
+        "(WorkerProc pid=71) INFO 12-04 13:00:01 [gpu_worker.py:304] "
+        "Sleep mode freed 30.00 GiB memory, 6.00 GiB memory is still in use.\n"
+    )
+    ok, detail = gpu_checks.woke_back(log, 35.5)
+    assert ok and detail == "in use before the sleep 36.00 GiB, after it 6.00, after the wake 35.50", detail
+    assert not gpu_checks.woke_back(log, 12.0)[0]  # awake again, yet most of the replica's memory not back
+    assert not gpu_checks.woke_back(log, None)[0]
+    assert not gpu_checks.woke_back("", 35.5)[0]
+    # Here, without CUDA, nothing is measured (the smoke run measures on the GPU).
+    assert gpu_checks.device_used_gib() is None
