@@ -126,6 +126,21 @@ def slept_every_step(log: str, trained: int) -> tuple[bool, str]:
     return ok, f"{len(sleeps)} sleeps for {trained} steps: {detail or 'none logged'}"
 
 
+def logged_flag(log: str, flag: str) -> list[str]:
+    """The values of `--flag` in the `vllm serve` argument lists verl prints (pprint) as it starts a replica's server,
+    one per start; Ray prefixes each forwarded line with its actor, between the flag and its value too."""
+    return re.findall(rf"'--{re.escape(flag)}',\s*(?:\([^)\n]*\)\s*)?'([^']*)'", log)
+
+
+def tool_parser_logged(log: str, parser: str, model_name: str) -> tuple[bool, str]:
+    """Every replica server verl started (rank 0 prints its arguments) was given the routed model name, the tool
+    choice "auto" and the expected tool-call parser (what the replicas' answers do not say)."""
+    parsers, names = logged_flag(log, "tool-call-parser"), logged_flag(log, "served-model-name")
+    auto = log.count("'--enable-auto-tool-choice'")
+    ok = bool(parsers) and set(parsers) == {parser} and set(names) == {model_name} and auto >= len(parsers)
+    return ok, f"servers started with --tool-call-parser {parsers}, --served-model-name {names}, auto {auto}"
+
+
 def device_used_gib() -> float | None:
     """GPU memory in use on device 0, all processes (vLLM's own measure in its sleep line); None without CUDA."""
     import torch

@@ -26,7 +26,8 @@ Prints the toolchain (torch, CUDA, triton, the C compiler, the GPU), a table of 
   (tools/gpu_greedy.py);
 - GPU memory in use before and after the replicas' first sleep (vLLM's line) and after their wake (measured here
   once step 1 is on record): the wake takes back at least half of what the sleep freed;
-Not checked yet (issue 28 item 3): which tool parser the replicas run (the answer does not say).
+- each replica server verl started was given agl.tool_calls.parser (hermes) and the routed name (verl prints its
+  `vllm serve` arguments to the trainer's log).
 Exit code 0 only when every check passes.
 """
 
@@ -60,6 +61,8 @@ from tools import demo_train, gpu_checks, gpu_greedy  # noqa: E402
 
 # agl.retention.keep_steps of agl_trainer.yaml (not overridden here).
 KEEP_STEPS = 2
+# agl.tool_calls.parser of agl_trainer.yaml (not overridden here).
+TOOL_PARSER = "hermes"
 # The resume check: the trainer's process group is killed once this step is on record and checkpointed.
 KILL_AFTER = 1
 
@@ -360,6 +363,8 @@ def main() -> int:
     earlier = (state / "trainer-killed.log").read_text(errors="replace") if kill_after else ""
     slept = gpu_checks.slept_every_step(earlier + log, len(steps))
     results.append(check("replicas slept before every update, freeing GPU memory", *slept))
+    parsed = gpu_checks.tool_parser_logged(earlier + log, TOOL_PARSER, model_name)
+    results.append(check(f"replica servers started with the tool parser {TOOL_PARSER} and the routed name", *parsed))
     # The first launch's log holds the first sleep, the one whose wake was measured.
     woke = gpu_checks.woke_back(earlier or log, awake_gib)
     results.append(check("GPU memory before and after the first sleep and wake; the wake took it back", *woke))

@@ -10,6 +10,7 @@ import contextlib
 import http.server
 import json
 import os
+import pprint
 import signal
 import subprocess
 import threading
@@ -354,3 +355,25 @@ def test_the_wake_check_needs_the_memory_the_sleep_freed_back_after_the_wake() -
     assert not gpu_checks.woke_back("", 35.5)[0]
     # Here, without CUDA, nothing is measured (the smoke run measures on the GPU).
     assert gpu_checks.device_used_gib() is None
+
+
+def _server_args_as_verl_prints_them(parser: str, name: str) -> str:
+    """verl's vLLMHttpServer pprints `vllm serve`'s arguments; Ray forwards each line with the actor's prefix."""
+    args = ["serve", "/home/agl/models/tiny", "--dtype", "bfloat16", "--served-model-name", name]
+    args += ["--enable-auto-tool-choice", "--tool-call-parser", parser, "--enable-sleep-mode", "--enforce-eager"]
+    return "\n".join(f"(vLLMHttpServer pid=88) {line}" for line in pprint.pformat(args).splitlines())
+
+
+def test_the_tool_parser_check_reads_the_arguments_verl_started_each_server_with() -> None:
+    assert OmegaConf.load(Path(CONFIG_DIR) / f"{CONFIG_NAME}.yaml").agl.tool_calls.parser == gpu_smoke.TOOL_PARSER
+    log = "\n".join(["start", _server_args_as_verl_prints_them("hermes", "agl-policy"), "step 1"])
+    assert gpu_checks.logged_flag(log, "tool-call-parser") == ["hermes"]
+    ok, detail = gpu_checks.tool_parser_logged(log + "\n" + log, "hermes", "agl-policy")  # two launches
+    assert ok and "['hermes', 'hermes']" in detail, detail
+    assert not gpu_checks.tool_parser_logged(
+        _server_args_as_verl_prints_them("llama3_json", "agl-policy"), "hermes", "agl-policy"
+    )[0]
+    assert not gpu_checks.tool_parser_logged(_server_args_as_verl_prints_them("hermes", "/m"), "hermes", "agl-policy")[
+        0
+    ]
+    assert not gpu_checks.tool_parser_logged("no server started", "hermes", "agl-policy")[0]
