@@ -11,8 +11,12 @@
 #     --build-arg VLLM_SPEC= .
 FROM python:3.11-slim-bookworm
 
-# VLLM_SPEC: the vLLM release verl's rollout uses (empty: none). 0.31.0 is the newest whose torch pin (2.13.0)
-# is inside the trainer extra's torch range; pip picks it from `vllm` too, by backtracking. TORCH_INDEX_URL and
+# VLLM_SPEC: the vLLM release verl's rollout uses (empty: none). 0.31.0, chosen on evidence
+# (docs/training/gpu.md, "The vLLM release"): every vLLM name, keyword, engine call and serve option verl 0.9.1 and
+# AGL's config use on the colocated path resolves in its source (deploy/docker/trainer-vllm-surface.txt, remade by
+# tools/vllm_surface.py); it pins torch 2.13.0 and, with verl's transformers<5.11, transformers 5.10.4, the pair the
+# CPU suite runs verl with. verl's own extra (vLLM 0.24.0, torch 2.11) lacks --enable-scale-out, which AGL's config
+# passes; 0.32 needs transformers>=5.16 and drops a keyword verl passes to pause_generation. TORCH_INDEX_URL and
 # TORCH_SPEC: a torch build installed first, from that index, so that nothing after it reaches for PyPI's CUDA
 # build (empty: PyPI's).
 ARG VLLM_SPEC="vllm==0.31.0"
