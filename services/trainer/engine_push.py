@@ -248,13 +248,16 @@ async def until_one_serves(
         try:
             endpoints = await ledger.list_models(model_name)
             if endpoints:
-                await catch_up(ledger, model_name, weights, version, endpoints, unreadable_level=logging.DEBUG)
                 serving = await asyncio.gather(*(_serves(e.endpoint, model_name, weights, version, logging.DEBUG)
                                                  for e in endpoints))  # fmt: skip
                 pushed_yet = version > 0 and weights.written(version)
                 if any(s if pushed_yet else s is not None for s in serving):
                     return time.monotonic() - started
                 last = f"{len(endpoints)} registered, none serving weights v{version}"
+                # One that answers with other weights (restarted) is given them; the next round reads it again.
+                behind = [e for e, s in zip(endpoints, serving, strict=True) if s is False]
+                if behind:
+                    await push_weights(ledger, model_name, weights, version, endpoints=behind)
         except Exception as err:  # the ledger away, an engine still loading: the next round tries again
             last = str(err)
         if time.monotonic() - started >= timeout_s:
