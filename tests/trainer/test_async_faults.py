@@ -16,6 +16,7 @@ import collections
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -138,5 +139,7 @@ def test_async_run_survives_an_engine_kill_and_a_trainer_kill_with_groups_in_fli
     assert run.state == run_pb2.RUN_STATE_SUCCEEDED, run
     assert not control.paused, control
     assert version == STEPS and served == str(STEPS)
-    held = proxy_log.index(f"engine {restarted.openai_url} held back")
-    assert proxy_log.index(f"engine {restarted.openai_url} serves what it is registered with again", held) > held
+    url = re.escape(restarted.openai_url)
+    held = re.search(rf"engine {url} held back for model \S+: ", proxy_log)
+    assert held, proxy_log
+    assert re.compile(rf"engine {url} serves what model \S+ is registered with again").search(proxy_log, held.end())

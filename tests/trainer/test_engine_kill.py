@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -112,6 +113,8 @@ def test_kill_9_of_the_engine_mid_step_it_is_held_back_caught_up_and_no_rollout_
     assert "agl_proxy_held_endpoints 0.0" in metrics
     # The proxy held it back from the kill (unreachable, then answering with its base weights, unless the trainer's
     # catch-up came first) and routed to it again once it reported the weights it is registered with.
-    held = proxy_log.index(f"engine {restarted.openai_url} held back: unreachable")
-    assert proxy_log.index(f"engine {restarted.openai_url} serves what it is registered with again", held) > held
+    url = re.escape(restarted.openai_url)
+    held = re.search(rf"engine {url} held back for model \S+: unreachable", proxy_log)
+    assert held, proxy_log
+    assert re.compile(rf"engine {url} serves what model \S+ is registered with again").search(proxy_log, held.end())
     assert state == run_pb2.RUN_STATE_SUCCEEDED
