@@ -125,7 +125,7 @@ demo:
 	@$(MAKE) --no-print-directory -j$(JOBS) $(VENV)/.installed-dev $(ENGINE_VENV)/.installed-engine
 	$(PY) tools/demo.py $(ARGS)
 
-# The two-node Ray simulation (tools/multinode_sim.py), out of the default run for CI's time budget.
+# The two-node Ray simulation (tools/multinode_sim.py) alone; `make test` runs it too.
 multinode-test: venvs
 	$(PY) -m pytest tests/trainer/test_multinode.py -m multinode
 
