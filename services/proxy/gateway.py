@@ -80,6 +80,12 @@ class LedgerGateway:
                 )
         return model
 
+    async def model_of(self, rollout_id: str) -> str:
+        """The model the rollout's label names ("": none, the proxy's own), whatever its state; 404 for an unknown
+        rollout."""
+        _, _, model = await self._state(rollout_id)
+        return model
+
     async def v1_attempt(self, rollout_id: str) -> str:
         """The attempt Agent Lightning v1.0's constant attempt "0" names on this rollout (for master-key callers):
         an attempt that is literally "0" (claimed by v1.0's controller), else the rollout's current attempt, else

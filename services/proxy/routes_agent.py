@@ -95,8 +95,11 @@ class _MessagesNotServed:
 
 async def models(request: Request) -> Response:
     runtime = runtime_of(request)
-    await scope_ids(request, runtime)
-    card = {"id": runtime.config.model_name, "object": "model", "created": 0, "owned_by": "agl"}
+    rollout_id, _ = await scope_ids(request, runtime)
+    # The model the rollout's calls are routed to (its run's adapter when labelled), which an agent that picks its
+    # model from this list then names; the proxy overrides the name in each call either way.
+    model = await runtime.gateway.model_of(rollout_id) or runtime.config.model_name
+    card = {"id": model, "object": "model", "created": 0, "owned_by": "agl"}
     return JSONResponse({"object": "list", "data": [card]})
 
 

@@ -129,6 +129,10 @@ async def test_each_rollout_is_served_by_its_own_runs_model_and_a_pause_of_one_r
         assert await recorded(client, rollout_id) == [("run-b", 3, f"{shared.url}/v1", 200)]
     # A rollout without the label goes to the proxy's own model, as in v1.0; one naming an unregistered model nowhere.
     assert await recorded(client, plain) == [(MODEL, 1, f"{own.url}/v1", 200)]
+    # The model list an agent reads names the model its rollout is routed to.
+    async with httpx.AsyncClient(headers=AUTH, timeout=30) as http:
+        listed = [(await http.get(f"{base_url(proxy, r)}/models")).json()["data"] for r in (a[0], b[0], plain)]
+    assert [[card["id"] for card in data] for data in listed] == [["run-a"], ["run-b"], [MODEL]], listed
     unrouted = await call(proxy, nobody)
     assert unrouted.status_code == 503 and "No engine endpoint is registered for model run-c" in unrouted.text
 
