@@ -67,6 +67,11 @@ def overview(mirror: Mirror) -> dict[str, Any]:
             "generation": control.generation,
             "retry_after": control.retry_after_seconds,
         },
+        # A run's pause around its own weight update holds only the calls routed to its model (model_routes.py).
+        "model_pauses": [
+            {"model": p.model_name, "reason": p.reason, "owner": p.owner, "retry_after": p.retry_after_seconds}
+            for p in sorted(control.model_pauses, key=lambda p: p.model_name)
+        ],
         "replicas": replicas,
         "runs": [_run_row(r) for r in runs[:10]],
     }

@@ -98,6 +98,14 @@ async def test_overview_shows_states_models_and_proxies_live(browser, console, l
         WebDriverWait(browser, LIVE_S).until(lambda d: f"weights {uid}" in d.find_element(By.ID, "proxy-state").text)
         screenshot("overview")
         await client.set_proxy_pause(False)
+        # A pause naming one model (a run's own weight update) is listed under the proxies, then gone once lifted.
+        await client.set_proxy_pause(True, 7, f"run weights {uid}", owner="trainer:b", model_name=f"m-{uid}")
+        WebDriverWait(browser, LIVE_S).until(lambda d: d.find_elements(By.ID, "model-pauses"))
+        listed = browser.find_element(By.ID, "model-pauses").text
+        assert f"m-{uid} paused (run weights {uid}, by trainer:b; its agents told to retry after 7s)" in listed
+        assert "serving" in browser.find_element(By.ID, "proxy-state").text
+        await client.set_proxy_pause(False, model_name=f"m-{uid}")
+        WebDriverWait(browser, LIVE_S).until(lambda d: not d.find_elements(By.ID, "model-pauses"))
         await client.register_models(
             [model_pb2.ModelEndpoint(model_name=f"m-{uid}", endpoint="http://e/v1", version=5)]
         )
