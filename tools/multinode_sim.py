@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,11 +46,17 @@ HEAD, WORKER = "agl_node_head", "agl_node_worker"
 # CPUs of one training rank's placement bundle and of the task runner (services/trainer/runner.py: CPUS_PER_RANK,
 # TASK_RUNNER_CPUS), plus one spare on the head for the job's own helpers.
 CPUS_PER_RANK, HEAD_EXTRA_CPUS = 3, 2
+# Tries to start each node (see start_until_up).
+NODE_START_TRIES = 3
 OBJECT_STORE_BYTES = 256 * 1024**2
 
 
 class SimulationError(RuntimeError):
     """The cluster did not come up, or the job could not be submitted or inspected."""
+
+
+class NodeExited(SimulationError):
+    """`ray start` of a node exited while the node was starting."""
 
 
 def free_port() -> int:
@@ -67,10 +73,22 @@ class RayNode:
     proc: subprocess.Popen[bytes]
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        """The end of `ray start`'s output, then of Ray's own GCS and raylet logs of the node's latest session:
+        `ray start` only says that the node timed out, those say why."""
+        parts = [_tail(self.log_path, lines)]
+        session_logs = self.temp_dir / "session_latest" / "logs"
+        for name in ("gcs_server.err", "gcs_server.out", "raylet.err", "raylet.out"):
+            tail = _tail(session_logs / name, 10)
+            if tail:
+                parts.append(f"[{name}]\n{tail}")
+        return "\n".join(part for part in parts if part)
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 @dataclass
@@ -155,7 +173,7 @@ def _wait_nodes(cluster: Cluster, count: int, timeout_s: float) -> None:
         for node in cluster.nodes:
             if node.proc.poll() is not None:
                 code = node.proc.returncode
-                raise SimulationError(f"`ray start` of {node.name} exited with {code}:\n{node.log_tail()}")
+                raise NodeExited(f"`ray start` of {node.name} exited with {code}:\n{node.log_tail()}")
         try:
             if len(alive_nodes(cluster.dashboard_url)) >= count:
                 return
@@ -164,6 +182,33 @@ def _wait_nodes(cluster: Cluster, count: int, timeout_s: float) -> None:
         time.sleep(1.0)
     tails = "\n".join(f"--- {n.name} ---\n{n.log_tail()}" for n in cluster.nodes)
     raise SimulationError(f"the cluster did not show {count} live nodes in {timeout_s:.0f}s ({last})\n{tails}")
+
+
+def start_until_up(
+    cluster: Cluster,
+    name: str,
+    argv_for: Callable[[], list[str]],
+    temp_dir: Path,
+    logs: Path,
+    env: Mapping[str, str],
+    timeout_s: float,
+) -> None:
+    """Starts one node and waits until the cluster shows it live. A `ray start` that exits while starting is tried
+    again, with ports picked afresh by `argv_for`: a port found free may be taken by the time Ray binds it (the
+    machine's other loopback clients draw their ports from the same range), and `ray start` gives a GCS or raylet
+    that is slow to come up a fixed 30 s before it exits. Each failed try is reported on stderr with Ray's logs."""
+    for attempt in range(1, NODE_START_TRIES + 1):
+        node = _start(argv_for(), name, temp_dir, logs, env)
+        cluster.nodes.append(node)
+        try:
+            _wait_nodes(cluster, len(cluster.nodes), timeout_s)
+            return
+        except NodeExited as err:
+            cluster.nodes.remove(node)
+            _stop(node)
+            if attempt == NODE_START_TRIES:
+                raise NodeExited(f"{err}\n(the last of {NODE_START_TRIES} tries)") from None
+            print(f"multinode_sim: {err}\nmultinode_sim: starting {name} again, with fresh ports", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -182,23 +227,27 @@ def two_node_cluster(
     # Short and private: Ray's socket paths live under it (Unix sockets allow ~107 bytes).
     root = Path(tempfile.mkdtemp(prefix="agl-ray-"))
     environment = ray_environment(env)
-    gcs, dashboard = f"127.0.0.1:{free_port()}", free_port()
-    head_argv = node_argv(
-        HEAD,
-        gpus=ranks_per_node if head_gpus is None else head_gpus,
-        cpus=CPUS_PER_RANK * ranks_per_node + HEAD_EXTRA_CPUS,
-        temp_dir=root / "head",
-    )
-    head_argv += [f"--port={gcs.rsplit(':', 1)[1]}", f"--dashboard-port={dashboard}"]
-    cluster = Cluster(gcs, f"http://127.0.0.1:{dashboard}", [])
-    try:
-        cluster.nodes.append(_start(head_argv, HEAD, root / "head", logs, environment))
-        _wait_nodes(cluster, 1, start_timeout_s)
-        worker_argv = node_argv(
-            WORKER, gpus=ranks_per_node, cpus=CPUS_PER_RANK * ranks_per_node, temp_dir=root / "worker", head_gcs=gcs
+    cluster = Cluster("", "", [])
+
+    def head_argv() -> list[str]:  # the GCS and dashboard ports too are picked afresh on each try
+        gcs_port, dashboard_port = free_port(), free_port()
+        cluster.gcs_address = f"127.0.0.1:{gcs_port}"
+        cluster.dashboard_url = f"http://127.0.0.1:{dashboard_port}"
+        argv = node_argv(
+            HEAD,
+            gpus=ranks_per_node if head_gpus is None else head_gpus,
+            cpus=CPUS_PER_RANK * ranks_per_node + HEAD_EXTRA_CPUS,
+            temp_dir=root / "head",
         )
-        cluster.nodes.append(_start(worker_argv, WORKER, root / "worker", logs, environment))
-        _wait_nodes(cluster, 2, start_timeout_s)
+        return [*argv, f"--port={gcs_port}", f"--dashboard-port={dashboard_port}"]
+
+    def worker_argv() -> list[str]:
+        cpus = CPUS_PER_RANK * ranks_per_node
+        return node_argv(WORKER, gpus=ranks_per_node, cpus=cpus, temp_dir=root / "worker", head_gcs=cluster.gcs_address)
+
+    try:
+        start_until_up(cluster, HEAD, head_argv, root / "head", logs, environment, start_timeout_s)
+        start_until_up(cluster, WORKER, worker_argv, root / "worker", logs, environment, start_timeout_s)
         yield cluster
     finally:
         # The joined raylet first: the head going first would leave it retrying a GCS that is gone.

@@ -60,6 +60,10 @@ async def test_silent_connections_neither_hold_the_console_nor_stay_open(guarded
         if index % 2:
             writer.write(b"GET / HTTP/1.1\r\nHost: a\r\n")  # half a head; the others send nothing at all
         silent.append((reader, writer))
+    # The silent ones are older than the real request, as they are in an attack: a connection is displaced once it
+    # has waited 50 ms (http_serving.displace_after_s). Without this pause, on a loaded machine the console could
+    # accept all of them in one burst, too young to displace, and rightly answer the real request 503.
+    await asyncio.sleep(0.5)
     try:
         async with httpx.AsyncClient(timeout=5) as http:
             started = time.monotonic()

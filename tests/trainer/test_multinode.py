@@ -19,7 +19,7 @@ import pytest
 from tests.support.engine import Engine
 from tests.trainer import cpu_stack
 from tests.trainer.cpu_stack import KEY, Stack, endpoint_version, max_weight_change, trainer_overrides, write_tasks
-from tools.multinode_sim import HEAD, WORKER
+from tools.multinode_sim import HEAD, NODE_START_TRIES, WORKER, Cluster, NodeExited, ray_environment, start_until_up
 
 # multinode: ~100 s on top of the shared engine, in CI's default run (`make multinode-test` runs it alone).
 pytestmark = [pytest.mark.trainer, pytest.mark.multinode, pytest.mark.timeout(1500)]
@@ -75,3 +75,29 @@ def test_a_ray_job_over_two_raylets_trains_with_a_rank_on_each_node(
     assert steps[2]["agl/push/logprob_diff_max"] < 1e-4, steps[2]
     assert asyncio.run(endpoint_version(stack)) == STEPS
     assert max_weight_change(cpu_engine.model_dir, out / "weights") > 0.0
+
+
+def test_a_node_whose_ray_start_exits_is_tried_again_with_fresh_ports_and_ray_s_own_logs_are_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ray start` exits when its GCS or raylet is not up within its fixed 30 s (a port picked free and taken by the
+    time Ray binds it; CI saw it once): the node is started again with fresh ports, and when every try failed the
+    error carries the tails of Ray's GCS and raylet logs, which say why."""
+    session_logs = tmp_path / "head" / "session_latest" / "logs"
+    session_logs.mkdir(parents=True)
+    (session_logs / "gcs_server.err").write_text("Failed to bind to address 127.0.0.1:41234\n")
+    tries: list[int] = []
+
+    def argv_for() -> list[str]:
+        tries.append(len(tries) + 1)
+        return [sys.executable, "-c", f"print('ray start, try {len(tries)}: timed out'); raise SystemExit(1)"]
+
+    cluster = Cluster("", "", [])
+    with pytest.raises(NodeExited) as raised:
+        start_until_up(cluster, HEAD, argv_for, tmp_path / "head", tmp_path, ray_environment(), 60)
+    assert tries == list(range(1, NODE_START_TRIES + 1)) and cluster.nodes == []
+    message = str(raised.value)
+    assert f"`ray start` of {HEAD} exited with 1" in message and f"try {NODE_START_TRIES}: timed out" in message
+    assert "[gcs_server.err]" in message and "Failed to bind to address 127.0.0.1:41234" in message
+    assert f"(the last of {NODE_START_TRIES} tries)" in message
+    assert capsys.readouterr().err.count(f"starting {HEAD} again, with fresh ports") == NODE_START_TRIES - 1
