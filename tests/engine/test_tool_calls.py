@@ -122,16 +122,20 @@ def test_tool_calls_are_parsed_fed_back_and_the_next_turn_continues_token_for_to
 # An agent that asks with too few tokens for a whole call, sampling (train mode) until the model opens with a call
 # (it does ~80% of the time): it exits 0 once the proxy answered 200 with the call's text unparsed (no tool_calls),
 # as an agent would see it.
+# Samples (seeded, so that a run repeats) until an answer is cut off by max_tokens inside a call it began. A bare
+# `<tool_call>` the model closes at once (finish "stop", CI drew one) is a garbled call too, but not the cut-off.
 CUT_OFF_AGENT = """
 import json, os, sys
 import httpx
 body = json.loads(sys.argv[1])
-for _ in range(12):
-    reply = httpx.post(os.environ["AGL_OPENAI_BASE_URL"] + "/chat/completions", json=body,
+for seed in range(24):
+    reply = httpx.post(os.environ["AGL_OPENAI_BASE_URL"] + "/chat/completions", json={**body, "seed": seed},
                        headers={"authorization": "Bearer " + os.environ["AGL_KEY"]}, timeout=60)
     print(reply.status_code, reply.text[:2000], file=sys.stderr)
-    message = reply.json()["choices"][0]["message"] if reply.status_code == 200 else {}
-    if not message.get("tool_calls") and "<tool_call>" in (message.get("content") or ""):
+    choice = reply.json()["choices"][0] if reply.status_code == 200 else {"message": {}}
+    message = choice["message"]
+    began = not message.get("tool_calls") and "<tool_call>" in (message.get("content") or "")
+    if began and choice.get("finish_reason") == "length":
         sys.exit(0)
 sys.exit(1)
 """
@@ -163,9 +167,11 @@ def test_a_call_cut_off_inside_its_json_is_counted_as_unparsed(calc_stack: cpu_s
     last = events[-1].model_request  # the agent stopped at the first cut-off call
     assert (last.tool_calls.offered_tools, last.tool_calls.parsed_calls, last.tool_calls.unparsed_calls) == (1, 0, 1)
     assert last.finish_reason == "length"
-    # Answers that were not calls at all were counted as such: offered a tool, made none, nothing unparsed.
+    # Answers that were not calls at all were counted as such: offered a tool, made none, nothing unparsed; only one
+    # the model ended itself (a bare `<tool_call>` closed at once) may hold an unparsed call.
     for event in events[:-1]:
-        assert event.model_request.tool_calls.unparsed_calls == 0
+        request = event.model_request
+        assert request.tool_calls.unparsed_calls == 0 or request.finish_reason == "stop", request
 
 
 # An agent that samples freely (train mode) on tasks the calc model never saw and feeds every answer back as it came:
