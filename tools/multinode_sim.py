@@ -400,6 +400,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
+    # SIGTERM unwinds like Ctrl-C, so that the nodes (each in its own session, out of reach of a signal to this
+    # process group) are stopped by two_node_cluster's exit instead of left running.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="agl-multinode-logs-"))
     submission_id = f"agl-multinode-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
@@ -414,6 +417,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SimulationError as err:
         print(f"multinode_sim: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the cluster was stopped on the way out (two_node_cluster)
+        print("multinode_sim: interrupted; the cluster is stopped", file=sys.stderr)
+        return 130
     for line in report.lines():
         print(line)
     print(f"wall time: {time.monotonic() - started:.0f}s")
