@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -170,6 +171,8 @@ def _wait_nodes(cluster: Cluster, count: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < deadline:
+        if _INTERRUPTED.is_set():
+            raise KeyboardInterrupt
         for node in cluster.nodes:
             if node.proc.poll() is not None:
                 code = node.proc.returncode
@@ -398,11 +401,22 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+# Set on Ctrl-C or SIGTERM: Ray's state API, polled while the nodes start, can swallow the KeyboardInterrupt raised
+# inside it, so the wait checks this too.
+_INTERRUPTED = threading.Event()
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    _INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     # SIGTERM unwinds like Ctrl-C, so that the nodes (each in its own session, out of reach of a signal to this
     # process group) are stopped by two_node_cluster's exit instead of left running.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="agl-multinode-logs-"))
     submission_id = f"agl-multinode-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
