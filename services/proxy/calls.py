@@ -28,6 +28,7 @@ from .coordination import Coordinator
 from .engine_check import not_current_error
 from .errors import ProxyError
 from .gateway import LedgerGateway
+from .max_tokens_fit import ContextLengths, fit, granted, requested_limit
 from .metrics import ProxyMetrics
 from .model_routes import ModelRoutes
 from .recording import ERROR, INCOMPLETE, OK, CallRecord, model_request_event
@@ -67,6 +68,11 @@ class _Call:
     continued: bool = False
     # The model it is routed to: its rollout's label, else the proxy's own.
     model: str = ""
+    # What the proxy left out of or changed in the agent's request, one sentence each.
+    warnings: tuple[str, ...] = ()
+    # The output-token limit the agent's request set (None: none) and the engine's context length (0: unknown).
+    limit: int | None = None
+    max_model_len: int = 0
 
     @property
     def key(self) -> tuple[str, str]:
@@ -113,6 +119,7 @@ class ModelCalls:
         self._id_counter = itertools.count()
         # Told when a call found an engine unreachable (the engine checker reads the labels again at once).
         self.on_unreachable: Callable[[], None] | None = None
+        self.context_lengths = ContextLengths(upstream.client)
 
     async def handle(
         self, rollout_id: str, attempt_id: str, mode: str, api: str, raw: bytes, dialect: Dialect | None = None
@@ -126,6 +133,7 @@ class ModelCalls:
         else:
             body, engine_api = dialect.to_chat(body), CHAT
             validate(body, CHAT)
+        warnings = tuple(dialect.warnings(agent_body)) if dialect is not None and dialect.warnings else ()
         self.coordinator.enter()
         handed_over = False
         entered: str | None = None  # the model whose count the call is in
@@ -145,11 +153,15 @@ class ModelCalls:
                 offered_tool_names(upstream_body),
                 continued=self.continuation is not None and mode == "train" and engine_api == CHAT
                 and upstream_body.get("n") in (None, 1),
-                model=model,
+                model=model, warnings=warnings, limit=requested_limit(upstream_body),
             )  # fmt: skip
+            for warning in warnings:
+                log.info("rollout %s: %s call: %s", rollout_id, api, warning)
             deadline = call.started + self.engine_wait_s
             if not endpoints:
                 endpoints = await self._routable(call, deadline)
+            if call.limit is not None:
+                request_bytes = await self._fit(call, endpoints[0], upstream_body, request_bytes)
             if call.continued:
                 assert self.continuation is not None
                 spliced = await self.continuation.answer(call.key, endpoints[0], upstream_body)
@@ -211,6 +223,17 @@ class ModelCalls:
             if not handed_over:
                 self.coordinator.leave(entered)
 
+    async def _fit(self, call: _Call, endpoint: Endpoint, upstream_body: dict, request_bytes: bytes) -> bytes:
+        """The request to send once its output limit fits the engine's context (max_tokens_fit.py)."""
+        call.max_model_len = await self.context_lengths.of(endpoint, call.model) or 0
+        if not fit(upstream_body, call.max_model_len):
+            return request_bytes
+        log.info("rollout %s: %s call asks for %d output tokens; the engine holds %d positions: sent with %d",
+                 call.rollout_id, call.api, call.limit, call.max_model_len, call.max_model_len)  # fmt: skip
+        request_bytes = dumps(upstream_body, "The request body")
+        call.request_json = request_bytes.decode()
+        return request_bytes
+
     async def _routable(self, call: _Call, deadline: float) -> list[Endpoint]:
         """The call's ranking once an engine is routable, waiting until `deadline` (or a pause) at most; then a
         recorded 503 `engine_not_current` (so the rollout shows why its agent failed)."""
@@ -270,6 +293,14 @@ class ModelCalls:
         capture: Capture | None = None,
     ) -> None:
         latency = time.perf_counter() - call.started
+        requested = granted_tokens = 0
+        if call.limit is not None and call.max_model_len:
+            prompt = 0
+            if capture is not None and status == OK:
+                prompt = len(capture.prompt_token_ids) or (capture.usage or {}).get("prompt_tokens", 0)
+            room = granted(call.max_model_len, prompt) if prompt else 0
+            if call.limit > call.max_model_len or (prompt and call.limit > room):
+                requested, granted_tokens = call.limit, room
         record = CallRecord(
             rollout_id=call.rollout_id,
             attempt_id=call.attempt_id,
@@ -289,6 +320,9 @@ class ModelCalls:
                 if capture is not None and status == OK
                 else None
             ),
+            warnings=call.warnings,
+            requested_max_tokens=requested,
+            granted_max_tokens=granted_tokens,
         )
         started = time.perf_counter()
         event = model_request_event(record)

@@ -2,10 +2,14 @@
 
 Covers what the Codex CLI and the OpenAI Agents SDK send when they keep the conversation themselves (`store`
 false, the whole input every turn): instructions, message items (text and image parts, any role; developer turns
-become system turns), function_call and function_call_output items, function tools, tool_choice, text.format
-(json_schema, json_object), sampling options, streaming. Reasoning items the agent sends back are dropped;
-reasoning the engine returns becomes a reasoning item. The proxy keeps no responses, so `previous_response_id` is
-refused with a 400 that says to send the whole input, and so are built-in tools (web search, file search, computer).
+become system turns), function_call and function_call_output items, Codex's custom_tool_call and
+custom_tool_call_output items and namespaced function calls, additional_tools items, function, custom and
+namespace tools (responses_tools.py), tool_choice, text.format (json_schema, json_object), sampling options,
+streaming. Reasoning items the agent sends back are dropped; reasoning the engine returns becomes a reasoning item.
+Built-in tools are left out of the engine's request with a warning recorded on the call. Fields with no engine
+counterpart (`reasoning`, `include`, `prompt_cache_key`, `client_metadata`, `text.verbosity`, `store`, `user`,
+...) are checked and accepted; docs/reference/agent-apis.md says what each does here. The proxy keeps no
+responses, so `previous_response_id` is refused with a 400 that says to send the whole input.
 
 Past 400 lines: the translation both ways (request in, answer out, streamed and not) must agree item by item,
 so it stays in one module.
@@ -18,6 +22,7 @@ import uuid
 from typing import Any
 
 from .errors import ProxyError
+from .responses_tools import ToolTable, custom_arguments, custom_input, flat_name, tool_choice, tool_table
 from .translation import RESPONSES, Dialect, first_choice, openai_error_parts, require, sse
 
 _VLLM_EXTRAS = ("seed", "top_k", "min_p", "repetition_penalty", "chat_template_kwargs", "min_tokens", "stop")
@@ -88,62 +93,76 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             messages.append(
                 {"role": "system" if role == "developer" else role, "content": _content(item.get("content"), where)}
             )
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             require(
                 isinstance(item.get("call_id"), str) and isinstance(item.get("name"), str),
-                f"{where} (function_call) needs `call_id` and `name`.",
+                f"{where} ({kind}) needs `call_id` and `name`.",
             )
-            arguments = item.get("arguments", "")
-            require(isinstance(arguments, str), f"{where}.arguments must be a string.")
+            namespace = item.get("namespace")
+            require(namespace is None or isinstance(namespace, str), f"{where}.namespace must be a string.")
+            if kind == "function_call":
+                arguments = item.get("arguments", "")
+                require(isinstance(arguments, str), f"{where}.arguments must be a string.")
+            else:
+                require(isinstance(item.get("input"), str), f"{where} (custom_tool_call) needs `input`, a string.")
+                arguments = custom_arguments(item["input"])
             call = {
                 "id": item["call_id"],
                 "type": "function",
-                "function": {"name": item["name"], "arguments": arguments},
+                "function": {"name": flat_name(namespace, item["name"]), "arguments": arguments},
             }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and isinstance(last.get("content"), str | None):
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            require(isinstance(item.get("call_id"), str), f"{where} (function_call_output) needs `call_id`.")
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            require(isinstance(item.get("call_id"), str), f"{where} ({kind}) needs `call_id`.")
             output = _output_text(item.get("output", ""), where)
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
-        elif kind == "reasoning":
+        elif kind in ("reasoning", "additional_tools"):  # additional_tools: their tools join the request's
             continue
         else:
             raise ProxyError("invalid_request", f"{where} is a {kind!r} item, which is not supported.")
     return messages
 
 
-def _tools(tools: Any) -> list[dict[str, Any]]:
-    require(isinstance(tools, list), "`tools` must be a list.")
-    out = []
-    for k, tool in enumerate(tools):
-        require(isinstance(tool, dict), f"tools[{k}] must be an object.")
-        if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
-            raise ProxyError(
-                "invalid_request",
-                f"tools[{k}] is a {tool.get('type')!r} tool; only function tools (with `name`) are supported.",
-            )
-        function: dict[str, Any] = {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object"}}
-        for name in ("description", "strict"):
-            if tool.get(name) is not None:
-                function[name] = tool[name]
-        out.append({"type": "function", "function": function})
-    return out
+# Fields accepted and not forwarded (the engine has no counterpart; docs/reference/agent-apis.md says what each
+# does here), with the JSON type each must have. `reasoning` is not forwarded: whether the model reasons is its chat
+# template's choice, and reasoning it writes comes back as a reasoning item; `include` asks for encrypted reasoning,
+# which this proxy never returns; `prompt_cache_key` is unneeded (the engine's prefix cache is automatic and a
+# rollout's calls go to one engine); the rest is the agent's bookkeeping (`metadata` is echoed in the answer).
+_ACCEPTED = {
+    "reasoning": (dict, "an object"),
+    "include": (list, "a list of strings"),
+    "prompt_cache_key": (str, "a string"),
+    "client_metadata": (dict, "an object"),
+    "metadata": (dict, "an object"),
+    "store": (bool, "a boolean"),
+    "user": (str, "a string"),
+    "safety_identifier": (str, "a string"),
+    "service_tier": (str, "a string"),
+    "truncation": (str, "a string"),
+}
+_VERBOSITY = ("low", "medium", "high")
 
 
-def _tool_choice(choice: Any) -> Any:
-    if choice in ("auto", "none", "required"):
-        return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return {"type": "function", "function": {"name": choice["name"]}}
-    raise ProxyError("invalid_request", "`tool_choice` must be auto, none, required, or {type: function, name}.")
+def _check_accepted(body: dict[str, Any]) -> None:
+    for name, (kind, what) in _ACCEPTED.items():
+        value = body.get(name)
+        require(value is None or isinstance(value, kind), f"`{name}` must be {what}.")
+    include = body.get("include") or []
+    require(all(isinstance(entry, str) for entry in include), "`include` must be a list of strings.")
+    reasoning = body.get("reasoning") or {}
+    for name in ("effort", "summary", "generate_summary"):
+        value = reasoning.get(name)
+        require(value is None or isinstance(value, str), f"`reasoning.{name}` must be a string.")
 
 
 def _response_format(text: Any) -> dict[str, Any] | None:
     require(isinstance(text, dict), "`text` must be an object.")
+    verbosity = text.get("verbosity")
+    require(verbosity is None or verbosity in _VERBOSITY, "`text.verbosity` must be low, medium or high.")
     fmt = text.get("format")
     if fmt is None:
         return None
@@ -170,6 +189,8 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         )
     stream = body.get("stream", False)
     require(isinstance(stream, bool), "`stream` must be a boolean.")
+    _check_accepted(body)
+    table = tool_table(body)
     chat: dict[str, Any] = {"messages": _messages(body)}
     if body.get("model") is not None:
         chat["model"] = body["model"]
@@ -183,10 +204,12 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     for name in ("temperature", "top_p", "parallel_tool_calls", *_VLLM_EXTRAS):
         if body.get(name) is not None:
             chat[name] = body[name]
-    if body.get("tools"):
-        chat["tools"] = _tools(body["tools"])
+    if table.tools:
+        chat["tools"] = table.tools
     if body.get("tool_choice") is not None:
-        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+        choice = tool_choice(body["tool_choice"])
+        if table.tools or not table.dropped:  # with only built-ins offered (all left out) there is nothing to choose
+            chat["tool_choice"] = choice
     if body.get("text") is not None:
         response_format = _response_format(body["text"])
         if response_format is not None:
@@ -212,17 +235,6 @@ def _text_item(item_id: str, text: str, status: str = "completed") -> dict[str, 
         "status": status,
         "role": "assistant",
         "content": [part] if status == "completed" else [],
-    }
-
-
-def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
-    return {
-        "type": "function_call",
-        "id": item_id,
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
     }
 
 
@@ -293,10 +305,11 @@ def from_chat(response: dict[str, Any], request: dict[str, Any]) -> dict[str, An
         output.append(_reasoning_item(_new_id("rs"), reasoning))
     if message.get("content"):
         output.append(_text_item(_new_id("msg"), message["content"]))
+    table = tool_table(request)
     for call in message.get("tool_calls") or ():
         function = call.get("function") or {}
         call_id = call.get("id") or _new_id("call")
-        output.append(_call_item(_new_id("fc"), call_id, function.get("name") or "", function.get("arguments") or ""))
+        output.append(table.output_item(call_id, function.get("name") or "", function.get("arguments") or ""))
     created = response.get("created") if isinstance(response.get("created"), int) else int(time.time())
     body = _envelope(
         request, _response_id(response.get("id")), created, response.get("model") or "", _status(choice), output
@@ -333,6 +346,8 @@ class ResponsesStream:
         self._open: dict[str, Any] | None = None
         self._text: list[str] = []
         self._calls: dict[int, int] = {}  # chat tool-call index -> output index
+        self._table: ToolTable = tool_table(request)
+        self._inputs: dict[int, list[str]] = {}  # output index -> a custom call's arguments text so far
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._seq, **fields}
@@ -393,6 +408,14 @@ class ResponsesStream:
                 )
             )
             item["content"] = [{"type": "reasoning_text", "text": text}]
+        elif item["type"] == "custom_tool_call":
+            # The engine streams `{"input": "..."}` as JSON text: the input is known once the call is whole.
+            fields = {"item_id": item["id"], "output_index": index}
+            item["input"] = custom_input("".join(self._inputs.pop(index, ())))
+            if item["input"]:
+                out.append(self._event("response.custom_tool_call_input.delta", **fields, delta=item["input"]))
+            out.append(self._event("response.custom_tool_call_input.done", **fields, input=item["input"]))
+            item["status"] = "completed"
         else:
             out.append(
                 self._event(
@@ -455,15 +478,16 @@ class ResponsesStream:
             key = call.get("index", 0)
             function = call.get("function") or {}
             if key not in self._calls:
-                item = _call_item(
-                    _new_id("fc"), call.get("id") or _new_id("call"), function.get("name") or "", "", "in_progress"
-                )
-                out.append(self._add(item))
+                call_id = call.get("id") or _new_id("call")
+                out.append(self._add(self._table.output_item(call_id, function.get("name") or "", "", "in_progress")))
                 self._calls[key] = len(self._items) - 1
             arguments = function.get("arguments")
             if isinstance(arguments, str) and arguments:
                 index = self._calls[key]
                 item = self._items[index]
+                if item["type"] == "custom_tool_call":
+                    self._inputs.setdefault(index, []).append(arguments)
+                    continue
                 item["arguments"] += arguments
                 out.append(
                     self._event(
@@ -491,4 +515,15 @@ class ResponsesStream:
         return self._event("error", code=code, message=message, param=None)
 
 
-DIALECT = Dialect(api=RESPONSES, to_chat=to_chat, from_chat=from_chat, stream=ResponsesStream, error_body=error_body)
+def warnings(body: dict[str, Any]) -> list[str]:
+    return tool_table(body).warnings()
+
+
+DIALECT = Dialect(
+    api=RESPONSES,
+    to_chat=to_chat,
+    from_chat=from_chat,
+    stream=ResponsesStream,
+    error_body=error_body,
+    warnings=warnings,
+)

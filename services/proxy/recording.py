@@ -39,6 +39,11 @@ class CallRecord:
     status: int
     # ToolCallStats fields (see tool_calls.py), or None when there was nothing to count.
     tool_calls: dict[str, int] | None = None
+    # What the proxy left out of or changed in the agent's request (ModelRequest.warnings).
+    warnings: tuple[str, ...] = ()
+    # An output-token limit the engine lowered to fit its context: what was asked, what was granted (0: none).
+    requested_max_tokens: int = 0
+    granted_max_tokens: int = 0
 
 
 _USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
@@ -69,6 +74,11 @@ def model_request_event(record: CallRecord) -> event_pb2.Event:
         request["usage"] = {name: capture.usage[name] for name in _USAGE_FIELDS}
     if record.tool_calls is not None:
         request["tool_calls"] = record.tool_calls
+    if record.warnings:
+        request["warnings"] = record.warnings
+    if record.requested_max_tokens:
+        request["requested_max_tokens"] = record.requested_max_tokens
+        request["granted_max_tokens"] = record.granted_max_tokens
     return event_pb2.Event(
         rollout_id=record.rollout_id,
         attempt_id=record.attempt_id,

@@ -43,6 +43,9 @@ class Dialect:
     stream: Callable[[dict[str, Any]], StreamTranslator]
     # An error body of the engine or the proxy (OpenAI-shaped) and its HTTP status -> the agent API's error body.
     error_body: Callable[[dict[str, Any], int], dict[str, Any]]
+    # The agent's (checked) request -> what the translation left out of it or changed, one sentence each: recorded
+    # with the call (ModelRequest.warnings) and logged.
+    warnings: Callable[[dict[str, Any]], list[str]] | None = None
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:

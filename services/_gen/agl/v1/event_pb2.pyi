@@ -41,7 +41,7 @@ class TokenUsage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
 
 class ModelRequest(_message.Message):
-    __slots__ = ("request_json", "response_json", "prompt_token_ids", "response_token_ids", "response_logprobs", "has_response_logprobs", "model", "model_version", "endpoint", "latency_seconds", "http_status", "retry_count", "usage", "finish_reason", "status", "api", "stream", "tool_calls")
+    __slots__ = ("request_json", "response_json", "prompt_token_ids", "response_token_ids", "response_logprobs", "has_response_logprobs", "model", "model_version", "endpoint", "latency_seconds", "http_status", "retry_count", "usage", "finish_reason", "status", "api", "stream", "tool_calls", "warnings", "requested_max_tokens", "granted_max_tokens")
     REQUEST_JSON_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_JSON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,9 @@ class ModelRequest(_message.Message):
     API_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_json: str
     response_json: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -78,7 +81,10 @@ class ModelRequest(_message.Message):
     api: str
     stream: bool
     tool_calls: ToolCallStats
-    def __init__(self, request_json: _Optional[str] = ..., response_json: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., has_response_logprobs: _Optional[bool] = ..., model: _Optional[str] = ..., model_version: _Optional[int] = ..., endpoint: _Optional[str] = ..., latency_seconds: _Optional[float] = ..., http_status: _Optional[int] = ..., retry_count: _Optional[int] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., status: _Optional[_Union[ModelRequestStatus, str]] = ..., api: _Optional[str] = ..., stream: _Optional[bool] = ..., tool_calls: _Optional[_Union[ToolCallStats, _Mapping]] = ...) -> None: ...
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    requested_max_tokens: int
+    granted_max_tokens: int
+    def __init__(self, request_json: _Optional[str] = ..., response_json: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., has_response_logprobs: _Optional[bool] = ..., model: _Optional[str] = ..., model_version: _Optional[int] = ..., endpoint: _Optional[str] = ..., latency_seconds: _Optional[float] = ..., http_status: _Optional[int] = ..., retry_count: _Optional[int] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., status: _Optional[_Union[ModelRequestStatus, str]] = ..., api: _Optional[str] = ..., stream: _Optional[bool] = ..., tool_calls: _Optional[_Union[ToolCallStats, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., requested_max_tokens: _Optional[int] = ..., granted_max_tokens: _Optional[int] = ...) -> None: ...
 
 class ToolCallStats(_message.Message):
     __slots__ = ("offered_tools", "parsed_calls", "unparsed_calls", "unknown_tool_calls", "invalid_argument_calls")
