@@ -163,11 +163,13 @@ def _size(n: int) -> bytes:
 
 
 # ModelRequest fields in canonical order run (today: [1-2 dropped][3-4 kept][5-6 kept when usable][7-8 kept]
-# [9-10 dropped][11 kept][12-13 dropped][14-15 kept][16-17 dropped][18 kept]). The cut records where each run
-# starts: _MR_RUN[number] is the run field `number` belongs to. The assembly at the end of _cut_model_request is
-# written for this sequence of kinds; a proto change that alters it fails at import rather than cutting wrongly.
+# [9-10 dropped][11 kept][12-13 dropped][14-15 kept][16-17 dropped][18 kept][19-21 dropped]). The cut records
+# where each run starts: _MR_RUN[number] is the run field `number` belongs to. The assembly at the end of
+# _cut_model_request is written for this sequence of kinds; a proto change that alters it fails at import rather
+# than cutting wrongly.
 _MR_RUN, _MR_KINDS = _runs(event_pb2.ModelRequest, _MR_KEPT, _MR_USABLE)
-if _MR_KINDS != ("dropped", "kept", "usable", "kept", "dropped", "kept", "dropped", "kept", "dropped", "kept"):
+_MR_EXPECTED = ("dropped", "kept", "usable", "kept", "dropped", "kept", "dropped", "kept", "dropped", "kept", "dropped")
+if _MR_KINDS != _MR_EXPECTED:
     raise ImportError(f"agl.v1.ModelRequest's kept/dropped runs changed ({_MR_KINDS}): update triplet.py")
 _MR_RUNS = len(_MR_KINDS)
 _MR_LAST = len(_MR_RUN) - 1
@@ -230,13 +232,20 @@ def _cut_model_request(data: bytes, pos: int, end: int) -> tuple[bytes, bytes]:
             raise _Unusual
     if pos != end:
         raise ValueError("model_request ends inside a field")
-    begin, run3, run5, run7, run9, run11, run12, run14, run16, run18, _ = runs
+    begin, run3, run5, run7, run9, run11, run12, run14, run16, run18, run19, _ = runs
     if has_logprobs and _finite_and_aligned(data, logprobs_start, logprobs_end, response_start, response_end):
-        kept = (data[run3:run9], data[run11:run12], data[run14:run16], data[run18:end])
-        dropped = (data[begin:run3], data[run9:run11], data[run12:run14], data[run16:run18])
+        kept = (data[run3:run9], data[run11:run12], data[run14:run16], data[run18:run19])
+        dropped = (data[begin:run3], data[run9:run11], data[run12:run14], data[run16:run18], data[run19:end])
     else:
-        kept = (data[run3:run5], data[run7:run9], data[run11:run12], data[run14:run16], data[run18:end])
-        dropped = (data[begin:run3], data[run5:run7], data[run9:run11], data[run12:run14], data[run16:run18])
+        kept = (data[run3:run5], data[run7:run9], data[run11:run12], data[run14:run16], data[run18:run19])
+        dropped = (
+            data[begin:run3],
+            data[run5:run7],
+            data[run9:run11],
+            data[run12:run14],
+            data[run16:run18],
+            data[run19:end],
+        )
     return b"".join(kept), b"".join(dropped)
 
 

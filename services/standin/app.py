@@ -52,6 +52,7 @@ class Standin:
     def __init__(self, config: StandinConfig) -> None:
         self.model = config.model
         self.mistake_rate = config.mistake_rate
+        self.max_model_len = config.max_model_len
         self.tokenizer = ToyTokenizer()
         self.knobs = Knobs(config.delay_ms, config.chunk_delay_ms, config.fail_first, config.fail_status)
         self.stats = Stats()
@@ -78,9 +79,9 @@ class Standin:
         served = body.get("model") if body.get("model") in self.adapters else self.model
         try:
             if api == "chat":
-                gen = generate_chat(body, served, self.tokenizer, self.mistake_rate)
+                gen = generate_chat(body, served, self.tokenizer, self.mistake_rate, self.max_model_len)
             else:
-                gen = generate_completion(body, served, self.tokenizer, self.mistake_rate)
+                gen = generate_completion(body, served, self.tokenizer, self.mistake_rate, self.max_model_len)
         except EngineError as err:
             return self._error(err)
         delay = float(knobs.get("delay_ms", self.knobs.delay_ms))
@@ -129,7 +130,7 @@ def create_app(config: StandinConfig) -> Starlette:
 
     async def models(request: Request) -> Response:
         card = {"id": standin.model, "object": "model", "created": int(time.time()), "owned_by": "vllm"}
-        card.update(root=standin.model, parent=None, max_model_len=32768)
+        card.update(root=standin.model, parent=None, max_model_len=standin.max_model_len)
         adapters = [
             {**card, "id": name, "root": path, "parent": standin.model} for name, path in standin.adapters.items()
         ]

@@ -20,6 +20,7 @@ class StandinConfig:
     mistake_rate: float = 0.0
     weight_version: str = ""
     lora_modules: str = ""
+    max_model_len: int = 32768
     log_level: str = "warning"
 
 
@@ -50,6 +51,9 @@ SETTINGS = st.Settings(
                    "adapters served beside the model, NAME=PATH[,NAME=PATH...] as vLLM's --lora-modules: a call "
                    "naming one is answered as that model, GET /v1/models lists each with its path, and "
                    "POST /v1/load_lora_adapter loads (or replaces) one"),
+        st.Setting("--max-model-len", "AGL_STANDIN_MAX_MODEL_LEN", st.integer(1), _D.max_model_len,
+                   "context length in tokens, reported by GET /v1/models; as vLLM, a max_tokens above it and a "
+                   "prompt longer than it are refused, any other limit is lowered to what the prompt leaves"),
         st.Setting("--log-level", "AGL_LOG_LEVEL", st.log_level(), _D.log_level),
     ],
 )  # fmt: skip

@@ -19,6 +19,7 @@ from . import model
 from .tokenizer import ToyTokenizer, alternatives, token_logprob
 
 MAX_TOP_LOGPROBS = 20
+MAX_MODEL_LEN = 32768
 
 
 class EngineError(Exception):
@@ -90,6 +91,28 @@ def _check_common(body: dict[str, Any], served_model: str) -> None:
         raise EngineError(400, "`temperature` must be a number.", param="temperature")
 
 
+def _fit_context(max_tokens: int | None, param: str, prompt_tokens: int, max_model_len: int) -> int:
+    """The output limit vLLM (0.32) applies: a limit above max_model_len and a prompt longer than it are refused
+    (vLLM's messages), any other limit is lowered to what the prompt leaves (vLLM's get_max_tokens)."""
+    if max_tokens is not None and max_tokens > max_model_len:
+        raise EngineError(
+            400,
+            f"{param}={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
+            param=param,
+        )
+    if prompt_tokens > max_model_len:
+        raise EngineError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
+            f"{prompt_tokens} input tokens, which exceeds this limit even without any output tokens. Please reduce "
+            "the length of the input prompt.",
+            param="input_tokens",
+        )
+    room = max_model_len - prompt_tokens
+    return room if max_tokens is None else min(max_tokens, room)
+
+
 def _truncate(pieces: list[str], max_tokens: int | None, stop: Any) -> tuple[list[str], str | None]:
     """Applies stop strings and max_tokens; returns the kept pieces and the finish reason if cut."""
     stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if isinstance(s, str) and s]
@@ -114,7 +137,11 @@ def _sample_mistake(body: dict[str, Any], mistake_rate: float) -> bool:
 
 
 def generate_chat(
-    body: dict[str, Any], served_model: str, tokenizer: ToyTokenizer, mistake_rate: float = 0.0
+    body: dict[str, Any],
+    served_model: str,
+    tokenizer: ToyTokenizer,
+    mistake_rate: float = 0.0,
+    max_model_len: int = MAX_MODEL_LEN,
 ) -> Generation:
     _check_common(body, served_model)
     messages = body.get("messages")
@@ -124,12 +151,13 @@ def generate_chat(
     if not isinstance(logprobs, bool):
         raise EngineError(400, "`logprobs` must be a boolean.", param="logprobs")
     top = _int_field(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
-    max_tokens = _int_field(body, "max_completion_tokens", 0)
+    max_tokens, param = _int_field(body, "max_completion_tokens", 0), "max_completion_tokens"
     if max_tokens is None:
-        max_tokens = _int_field(body, "max_tokens", 0)
+        max_tokens, param = _int_field(body, "max_tokens", 0), "max_tokens"
     n = _int_field(body, "n", 1) or 1
     tools = body.get("tools")
     prompt_ids = tokenizer.encode(model.render_chat(messages, tools))
+    max_tokens = _fit_context(max_tokens, param, len(prompt_ids), max_model_len)
     reply = model.chat_reply(messages, tools, body.get("tool_choice", "auto"), _sample_mistake(body, mistake_rate))
     all_pieces = tokenizer.split(reply.raw)
     pieces, cut = _truncate(all_pieces, max_tokens, body.get("stop"))
@@ -167,7 +195,11 @@ def _prompts(prompt: Any, tokenizer: ToyTokenizer) -> list[tuple[str, list[int]]
 
 
 def generate_completion(
-    body: dict[str, Any], served_model: str, tokenizer: ToyTokenizer, mistake_rate: float = 0.0
+    body: dict[str, Any],
+    served_model: str,
+    tokenizer: ToyTokenizer,
+    mistake_rate: float = 0.0,
+    max_model_len: int = MAX_MODEL_LEN,
 ) -> Generation:
     _check_common(body, served_model)
     prompts = _prompts(body.get("prompt"), tokenizer)
@@ -178,7 +210,8 @@ def generate_completion(
     choices = []
     for prompt_index, (text, prompt_ids) in enumerate(prompts):
         reply = model.completion_reply(text, _sample_mistake(body, mistake_rate))
-        pieces, cut = _truncate(tokenizer.split(reply), max_tokens, body.get("stop"))
+        limit = _fit_context(max_tokens, "max_tokens", len(prompt_ids), max_model_len)
+        pieces, cut = _truncate(tokenizer.split(reply), limit, body.get("stop"))
         for i in range(n):
             choices.append(
                 Choice(

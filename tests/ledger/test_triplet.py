@@ -57,6 +57,12 @@ def _random_event(rng: random.Random) -> event_pb2.Event:
         mr.status = rng.randrange(0, 4)
         mr.api = rng.choice(["", "chat.completions"])
         mr.stream = rng.random() < 0.5
+        if rng.random() < 0.3:
+            mr.tool_calls.offered_tools = rng.randrange(1, 4)
+        if rng.random() < 0.3:
+            mr.warnings.extend(["tools[0] was left out"] * rng.randrange(1, 3))
+        if rng.random() < 0.3:
+            mr.requested_max_tokens, mr.granted_max_tokens = 32_000, rng.randrange(0, 512)
     elif kind == "reward":
         event.event_type = rng.choice(["reward"] * 6 + ["score"])
         event.reward.value = rng.choice([0.0, 1.0, -0.5, math.nan])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -160,9 +161,9 @@ async def test_errors_come_in_openais_shape(proxy: Http, engine: Http, client) -
         with pytest.raises(openai.BadRequestError) as chained:
             agent.responses.create(model="m", input="hi", previous_response_id="resp_123")
         assert "send the whole conversation" in chained.value.body["message"]
-        with pytest.raises(openai.BadRequestError) as builtin:
-            agent.responses.create(model="m", input="hi", tools=[{"type": "web_search"}])
-        assert "only function tools" in builtin.value.body["message"]
+        with pytest.raises(openai.BadRequestError) as unnamed:
+            agent.responses.create(model="m", input="hi", tools=[{"type": "function"}])
+        assert "tools[0] (function) needs `name`" in unnamed.value.body["message"]
         with pytest.raises(openai.BadRequestError) as empty:
             agent.responses.create(model="m", input=[])
         assert empty.value.body["code"] == "invalid_request"
@@ -193,3 +194,204 @@ async def test_a_cut_stream_ends_with_response_completed_marked_incomplete(proxy
     (recorded,) = await recorded_calls(client, rollout_id)
     assert len(recorded.response_token_ids) == 3 and recorded.finish_reason == "length"
     assert final.output_text == json.loads(recorded.response_json)["choices"][0]["message"]["content"]
+
+
+# -- the Codex CLI's request shapes (sent as Codex sends them: raw JSON, not through the SDK) ------------------------
+
+CALC_NAMESPACE = {
+    "type": "namespace",
+    "name": "mcp__calc__",
+    "description": "Tools of the calc MCP server.",
+    "tools": [{**CALCULATOR, "strict": False}],
+}
+EXEC = {
+    "type": "custom",
+    "name": "exec",
+    "description": "Runs a script.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "run " /.+/'},
+}
+SHELL = {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}}
+CODEX_FIELDS = {
+    "model": "gpt-5.1-codex",
+    "instructions": "You are Codex.",
+    "reasoning": {"effort": "medium", "summary": "auto"},
+    "include": ["reasoning.encrypted_content"],
+    "prompt_cache_key": "0199c1d4-conversation",
+    "client_metadata": {"session": "s-1"},
+    "text": {"verbosity": "low"},
+    "store": False,
+    "parallel_tool_calls": False,
+}
+
+
+def codex_post(proxy: Http, rollout_id: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(
+        f"{base_url(proxy, rollout_id)}/responses", json=body, headers={"authorization": f"Bearer {KEY}"}, timeout=30
+    )
+
+
+def sse_events(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[len("data: ") :]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+async def test_codex_tools_reach_the_engine_as_functions_and_calls_come_back_namespaced(
+    proxy: Http, engine: Http, client
+) -> None:
+    rollout_id = await new_rollout(client)
+    opening = [
+        {"type": "additional_tools", "role": "developer", "tools": [CALC_NAMESPACE]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is 6 * 7?"}]},
+    ]
+    tools = [{"type": "web_search", "external_web_access": False}, EXEC, SHELL]
+    first = codex_post(proxy, rollout_id, {**CODEX_FIELDS, "input": opening, "tools": tools, "tool_choice": "auto"})
+    assert first.status_code == 200, first.text
+    sent = engine_requests(engine)["received"][-1]["body"]
+    # The built-in left out; the custom tool a one-string function with its grammar described; the namespace's
+    # function flattened; the additional_tools item's tools after the request's own.
+    assert [tool["function"]["name"] for tool in sent["tools"]] == ["exec", "shell", "mcp__calc__calculator"]
+    exec_function = sent["tools"][0]["function"]
+    assert exec_function["parameters"]["required"] == ["input"]
+    assert exec_function["description"].startswith("Runs a script.") and "lark" in exec_function["description"]
+    assert 'start: "run " /.+/' in exec_function["description"]
+    assert sent["messages"] == [
+        {"role": "system", "content": "You are Codex."},
+        {"role": "user", "content": "What is 6 * 7?"},
+    ]
+    for ignored in ("reasoning", "include", "prompt_cache_key", "client_metadata", "text", "store", "verbosity"):
+        assert ignored not in sent
+    (call,) = first.json()["output"]
+    assert call["type"] == "function_call" and call["name"] == "calculator" and call["namespace"] == "mcp__calc__"
+    assert json.loads(call["arguments"]) == {"expression": "6 * 7"}
+    (recorded,) = await recorded_calls(client, rollout_id)
+    assert list(recorded.warnings) == [
+        "tools[0] is a built-in 'web_search' tool, which the engine cannot run: it was left out of the request."
+    ]
+    assert_engine_tokens(recorded)
+
+    # The history comes back with a custom tool's call and output and the namespaced call: rendered for the engine
+    # under the names it was offered.
+    history = [
+        *opening,
+        {"type": "custom_tool_call", "call_id": "call_exec", "name": "exec", "input": "run ls", "status": "completed"},
+        {"type": "custom_tool_call_output", "call_id": "call_exec", "output": "README.md"},
+        {"type": "reasoning", "summary": [], "encrypted_content": None},
+        {key: call[key] for key in ("type", "call_id", "name", "namespace", "arguments")},
+        {"type": "function_call_output", "call_id": call["call_id"], "output": "42"},
+    ]
+    second = codex_post(proxy, rollout_id, {**CODEX_FIELDS, "input": history, "tools": tools})
+    assert second.status_code == 200, second.text
+    assert second.json()["output"][0]["content"][0]["text"] == "The answer is 42."
+    sent = engine_requests(engine)["received"][-1]["body"]
+    assert sent["messages"][2:] == [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_exec",
+                    "type": "function",
+                    "function": {"name": "exec", "arguments": '{"input": "run ls"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_exec", "content": "README.md"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call["call_id"],
+                    "type": "function",
+                    "function": {"name": "mcp__calc__calculator", "arguments": call["arguments"]},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call["call_id"], "content": "42"},
+    ]
+
+
+async def test_a_custom_tools_call_comes_back_as_a_custom_tool_call_streamed_or_not(
+    proxy: Http, engine: Http, client
+) -> None:
+    rollout_id = await new_rollout(client)
+    calc = {"type": "custom", "name": "calc", "description": "Evaluates arithmetic.", "format": {"type": "text"}}
+    body = {
+        **CODEX_FIELDS,
+        "input": "What is 6 * 7?",
+        "tools": [calc],
+        "tool_choice": {"type": "custom", "name": "calc"},
+    }
+    answer = codex_post(proxy, rollout_id, body)
+    assert answer.status_code == 200, answer.text
+    (call,) = answer.json()["output"]
+    assert call["type"] == "custom_tool_call" and call["name"] == "calc" and call["input"] == "6 * 7"
+    assert engine_requests(engine)["received"][-1]["body"]["tool_choice"] == {
+        "type": "function",
+        "function": {"name": "calc"},
+    }
+
+    streamed = codex_post(proxy, rollout_id, {**body, "stream": True})
+    assert streamed.status_code == 200, streamed.text
+    events = sse_events(streamed.text)
+    kinds = [event["type"] for event in events]
+    assert "response.function_call_arguments.delta" not in kinds
+    added = next(event for event in events if event["type"] == "response.output_item.added")
+    assert added["item"]["type"] == "custom_tool_call" and added["item"]["name"] == "calc"
+    deltas = [event["delta"] for event in events if event["type"] == "response.custom_tool_call_input.delta"]
+    (done,) = [event for event in events if event["type"] == "response.custom_tool_call_input.done"]
+    assert "".join(deltas) == done["input"] == "6 * 7"
+    item_done = next(event for event in events if event["type"] == "response.output_item.done")
+    assert item_done["item"]["input"] == "6 * 7" and item_done["item"]["status"] == "completed"
+    assert kinds[-1] == "response.completed"
+    (final,) = events[-1]["response"]["output"]
+    assert final["type"] == "custom_tool_call" and final["call_id"] == added["item"]["call_id"]
+
+    namespaced = codex_post(
+        proxy, rollout_id, {**CODEX_FIELDS, "input": "What is 6 * 7?", "tools": [CALC_NAMESPACE], "stream": True}
+    )
+    item_done = next(e for e in sse_events(namespaced.text) if e["type"] == "response.output_item.done")["item"]
+    assert item_done["type"] == "function_call" and item_done["namespace"] == "mcp__calc__"
+    assert item_done["name"] == "calculator" and json.loads(item_done["arguments"]) == {"expression": "6 * 7"}
+    calls = await recorded_calls(client, rollout_id)
+    assert len(calls) == 3 and not any(recorded.warnings for recorded in calls)
+    for recorded in calls:
+        assert_engine_tokens(recorded)
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"tools": [{"type": "namespace", "name": "ns"}]}, "tools[0] (namespace) needs `tools`"),
+        ({"tools": [{"type": "namespace", "name": "ns", "tools": [{"type": "web_search"}]}]}, "tools[0].tools[0]"),
+        ({"tools": [{"type": "custom", "name": "x", "format": {"type": "grammar"}}]}, "tools[0].format (grammar)"),
+        ({"tools": [{"type": "custom", "name": "x", "format": {"type": "regex"}}]}, "tools[0].format.type"),
+        ({"tools": [EXEC, {**SHELL, "name": "exec"}]}, "tools[1] is offered to the engine as 'exec'"),
+        ({"input": [{"type": "additional_tools", "tools": "none"}]}, "input[0] (additional_tools) needs `tools`"),
+        ({"input": [{"type": "custom_tool_call", "call_id": "c", "name": "exec"}]}, "input[0] (custom_tool_call)"),
+        ({"text": {"verbosity": "loud"}}, "`text.verbosity`"),
+        ({"reasoning": "high"}, "`reasoning` must be an object"),
+        ({"include": [1]}, "`include`"),
+        ({"prompt_cache_key": 7}, "`prompt_cache_key`"),
+        ({"client_metadata": []}, "`client_metadata`"),
+    ],
+)
+async def test_bad_codex_shapes_get_a_400_naming_the_field(
+    proxy: Http, client, change: dict[str, Any], named: str
+) -> None:
+    rollout_id = await new_rollout(client)
+    answer = codex_post(proxy, rollout_id, {**CODEX_FIELDS, "input": "hi", **change})
+    assert answer.status_code == 400
+    assert named in answer.json()["error"]["message"]
+    assert await recorded_calls(client, rollout_id) == []
+
+
+async def test_only_built_in_tools_is_a_plain_call_with_a_warning(proxy: Http, engine: Http, client) -> None:
+    rollout_id = await new_rollout(client)
+    tools = [{"type": "web_search"}, {"type": "image_generation", "output_format": "png"}]
+    answer = codex_post(proxy, rollout_id, {**CODEX_FIELDS, "input": "hi", "tools": tools, "tool_choice": "required"})
+    assert answer.status_code == 200, answer.text
+    sent = engine_requests(engine)["received"][-1]["body"]
+    assert "tools" not in sent and "tool_choice" not in sent
+    (recorded,) = await recorded_calls(client, rollout_id)
+    assert [warning.split(" is ")[0] for warning in recorded.warnings] == ["tools[0]", "tools[1]"]
+    assert "'image_generation'" in recorded.warnings[1]
