@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.proxy import anthropic_messages, openai_responses
+from services.proxy import anthropic_messages, openai_responses, responses_tools
 from services.proxy.errors import ProxyError
 
 
@@ -247,7 +247,8 @@ def test_responses_items_become_chat_messages() -> None:
     [
         ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
         ({"input": [{"type": "computer_call"}]}, "'computer_call'"),
-        ({"input": "x", "tools": [{"type": "file_search"}]}, "only function tools"),
+        ({"input": "x", "tools": [{"type": "function"}]}, "tools[0] (function) needs `name`"),
+        ({"input": "x", "tools": [{"name": "f"}]}, "tools[0] needs `type`"),
         ({"input": "x", "tool_choice": "sometimes"}, "tool_choice"),
         ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "'input_file'"),
@@ -257,6 +258,36 @@ def test_responses_requests_that_cannot_be_translated_name_the_problem(body: dic
     with pytest.raises(ProxyError) as refused:
         openai_responses.to_chat(body)
     assert refused.value.status == 400 and named in refused.value.message
+
+
+def test_responses_built_in_tools_are_left_out_with_a_warning() -> None:
+    body = {
+        "input": "x",
+        "tools": [{"type": "file_search", "vector_store_ids": ["v"]}, {"type": "function", "name": "f"}],
+    }
+    chat = openai_responses.to_chat(body)
+    assert [tool["function"]["name"] for tool in chat["tools"]] == ["f"]
+    assert openai_responses.warnings(body) == [
+        "tools[0] is a built-in 'file_search' tool, which the engine cannot run: it was left out of the request."
+    ]
+    assert openai_responses.warnings({"input": "x", "tools": [{"type": "function", "name": "f"}]}) == []
+
+
+def test_flat_names_and_custom_inputs() -> None:
+    assert responses_tools.flat_name(None, "shell") == "shell"
+    assert responses_tools.flat_name("collab", "send") == "collab__send"
+    assert responses_tools.flat_name("mcp__docs__", "search") == "mcp__docs__search"  # no doubled separator
+    assert responses_tools.flat_name("my.server", "get page") == "my_server__get_page"  # the allowed characters
+    assert responses_tools.custom_input('{"input": "run ls"}') == "run ls"
+    assert responses_tools.custom_input('"run ls"') == "run ls"  # a bare JSON string
+    assert responses_tools.custom_input("run ls") == "run ls"  # not JSON: what the model wrote
+    assert responses_tools.custom_input('{"script": 1}') == '{"script": 1}'
+    assert responses_tools.custom_input("") == ""
+    table = responses_tools.tool_table({"tools": [{"type": "custom", "name": "exec"}]})
+    item = table.output_item("c1", "exec", '{"input": "ls"}')
+    assert item["type"] == "custom_tool_call" and item["input"] == "ls" and "namespace" not in item
+    unknown = table.output_item("c2", "nope", "{}")
+    assert unknown["type"] == "function_call" and unknown["name"] == "nope"
 
 
 def test_responses_answer_with_reasoning_and_a_call() -> None:
