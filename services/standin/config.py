@@ -13,6 +13,7 @@ class StandinConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     model: str = "standin-model"
+    max_model_len: int = 32768
     delay_ms: float = 0.0
     chunk_delay_ms: float = 0.0
     fail_first: int = 0
@@ -20,7 +21,6 @@ class StandinConfig:
     mistake_rate: float = 0.0
     weight_version: str = ""
     lora_modules: str = ""
-    max_model_len: int = 32768
     log_level: str = "warning"
 
 
@@ -33,6 +33,9 @@ SETTINGS = st.Settings(
         st.Setting("--host", "AGL_STANDIN_HOST", st.text(), _D.host),
         st.Setting("--port", "AGL_STANDIN_PORT", st.port(), _D.port),
         st.Setting("--model", "AGL_STANDIN_MODEL", st.text(nonempty=True), _D.model, "served model name"),
+        st.Setting("--max-model-len", "AGL_STANDIN_MAX_MODEL_LEN", st.integer(1), _D.max_model_len,
+                   "context length in tokens, reported by GET /v1/models; as vLLM, a max_tokens above it and a "
+                   "prompt longer than it are refused, any other limit is lowered to what the prompt leaves"),
         st.Setting("--delay-ms", "AGL_STANDIN_DELAY_MS", _MS, _D.delay_ms,
                    "wait before each answer (before the first chunk when streaming)"),
         st.Setting("--chunk-delay-ms", "AGL_STANDIN_CHUNK_DELAY_MS", _MS, _D.chunk_delay_ms,
@@ -51,9 +54,6 @@ SETTINGS = st.Settings(
                    "adapters served beside the model, NAME=PATH[,NAME=PATH...] as vLLM's --lora-modules: a call "
                    "naming one is answered as that model, GET /v1/models lists each with its path, and "
                    "POST /v1/load_lora_adapter loads (or replaces) one"),
-        st.Setting("--max-model-len", "AGL_STANDIN_MAX_MODEL_LEN", st.integer(1), _D.max_model_len,
-                   "context length in tokens, reported by GET /v1/models; as vLLM, a max_tokens above it and a "
-                   "prompt longer than it are refused, any other limit is lowered to what the prompt leaves"),
         st.Setting("--log-level", "AGL_LOG_LEVEL", st.log_level(), _D.log_level),
     ],
 )  # fmt: skip

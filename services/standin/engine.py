@@ -157,10 +157,10 @@ def generate_chat(
     n = _int_field(body, "n", 1) or 1
     tools = body.get("tools")
     prompt_ids = tokenizer.encode(model.render_chat(messages, tools))
-    max_tokens = _fit_context(max_tokens, param, len(prompt_ids), max_model_len)
     reply = model.chat_reply(messages, tools, body.get("tool_choice", "auto"), _sample_mistake(body, mistake_rate))
     all_pieces = tokenizer.split(reply.raw)
-    pieces, cut = _truncate(all_pieces, max_tokens, body.get("stop"))
+    limit = _fit_context(max_tokens, param, len(prompt_ids), max_model_len)
+    pieces, cut = _truncate(all_pieces, limit, body.get("stop"))
     choices = []
     for index in range(n):
         choice = Choice(index=index, token_ids=[tokenizer.token_id(p) for p in pieces], pieces=pieces, finish_reason="")
