@@ -117,3 +117,47 @@ async def test_messages_and_responses_on_the_real_engine(
     assert message.stop_reason == ("max_tokens" if finish == "length" else "end_turn")
     assert response.status == ("incomplete" if finish == "length" else "completed")
     assert message.usage.output_tokens == streamed.usage.output_tokens == len(calls[0].response_token_ids)
+
+
+async def test_harness_limits_and_codex_tools_on_the_real_engine(
+    ledger: ServiceProcess, proxy_url: str, cpu_engine: Engine
+) -> None:
+    """vLLM 0.32 itself: a Claude-Code-sized max_tokens against the tiny model's 512 positions is answered (sent as
+    max_model_len, read from the engine's /v1/models; vLLM grants what the prompt leaves), and a Codex request with
+    namespace, custom and built-in tools is accepted by the engine's chat path."""
+    max_model_len = httpx.get(f"{cpu_engine.openai_url}/models", timeout=30).json()["data"][0]["max_model_len"]
+    async with LedgerClient(ledger.address, KEY) as client:
+        rollout_id = await rollout(client, cpu_engine)
+        base = f"{proxy_url}/proxy/rollout/{rollout_id}/attempt/at-1/mode/train/openai/v1"
+        headers = {"authorization": f"Bearer {KEY}"}
+        chat = {"model": "m", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 32_000}
+        answered = httpx.post(f"{base}/chat/completions", json=chat, headers=headers, timeout=300)
+        assert answered.status_code == 200, answered.text
+        codex = {
+            "model": "gpt-5.1-codex",
+            "input": [
+                {"type": "additional_tools", "role": "developer", "tools": [{"type": "custom", "name": "exec"}]},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]},
+            ],
+            "tools": [
+                {"type": "web_search"},
+                {"type": "namespace", "name": "mcp__calc__", "description": "Calculator.", "tools": [
+                    {"type": "function", "name": "add", "parameters": {"type": "object", "properties": {}}},
+                ]},
+            ],
+            "max_output_tokens": 64_000,
+            "reasoning": {"effort": "medium"},
+            "store": False,
+        }  # fmt: skip
+        codex_answer = httpx.post(f"{base}/responses", json=codex, headers=headers, timeout=300)
+        assert codex_answer.status_code == 200, codex_answer.text
+        first, second = [e.model_request for e in await client.list_events(rollout_id, event_type="model_request")]
+    assert max_model_len < 32_000  # the tiny model: far fewer positions than a harness asks for
+    for recorded, asked in ((first, 32_000), (second, 64_000)):
+        assert recorded.status == event_pb2.MODEL_REQUEST_STATUS_OK and recorded.response_token_ids
+        assert json.loads(recorded.request_json)["max_tokens"] == max_model_len
+        assert recorded.requested_max_tokens == asked
+        assert recorded.granted_max_tokens == max_model_len - len(recorded.prompt_token_ids)
+    sent = json.loads(second.request_json)
+    assert [tool["function"]["name"] for tool in sent["tools"]] == ["mcp__calc__add", "exec"]
+    assert len(second.warnings) == 1 and "'web_search'" in second.warnings[0]

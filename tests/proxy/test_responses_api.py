@@ -1,7 +1,9 @@
 """The OpenAI Responses API through the proxy with the official `openai` SDK: answers parse (output_text, function
 calls), a tool round trip with function_call_output items, streams as Responses events (also through the SDK's
 stream helper, which checks their order), errors in OpenAI's shape, and every call recorded with the engine's
-token ids and log-probs before the answer."""
+token ids and log-probs before the answer. Then the Codex CLI's shapes sent as Codex sends them: namespace, custom
+and built-in tools, additional_tools items, custom and namespaced calls in the history and in answers (streamed
+and not), the fields it sets that have no engine counterpart, and the 400s for shapes that cannot be served."""
 
 from __future__ import annotations
 
