@@ -143,7 +143,13 @@ def conversation(rollout: rollout_pb2.Rollout, events: Sequence[event_pb2.Event]
                 f"response tokens  {mr.latency_seconds:.2f}s  http {mr.http_status}"
                 + (f"  retries {mr.retry_count}" if mr.retry_count else "")
                 + (f"  finish {printable(mr.finish_reason)}" if mr.finish_reason else "")
+                + (
+                    f"  max_tokens {mr.requested_max_tokens} asked, {mr.granted_max_tokens} granted"
+                    if mr.requested_max_tokens
+                    else ""
+                )
             )
+            lines += [f"  warning: {printable(warning)}" for warning in mr.warnings]
             request = _loads(mr.request_json) or {}
             messages = request.get("messages") if isinstance(request, dict) else None
             if isinstance(messages, list):

@@ -66,6 +66,9 @@ def tool_conversation(rollout_id: str) -> list[event_pb2.Event]:
         mr.model, mr.model_version, mr.latency_seconds, mr.http_status = "m", 3, 0.42, 200
         mr.api = "chat.completions"
         events.append(event)
+    first = events[0].model_request
+    first.warnings.append("tools[0] is a built-in 'web_search' tool, which the engine cannot run")
+    first.requested_max_tokens, first.granted_max_tokens = 32_000, 509
     events.append(
         event_pb2.Event(rollout_id=rollout_id, event_type="reward", reward=event_pb2.Reward(value=1.0, source="judge"))
     )
@@ -119,7 +122,8 @@ async def test_rollout_shows_the_conversation_tool_calls_and_reward(ledger, uid)
     assert '-> tool call call_1: calc({"x": "2+2"})' in text
     assert "tool[call_1]: 4" in text
     assert "assistant: The answer is 4." in text
-    assert "-- call 2: m v3  6 prompt + 3 response tokens  0.42s  http 200" in text
+    assert "-- call 2: m v3  6 prompt + 3 response tokens  0.42s  http 200\n" in text
+    assert "http 200  max_tokens 32000 asked, 509 granted\n  warning: tools[0] is a built-in 'web_search'" in text
     assert "-- reward 1 (judge)" in text
     assert text.count("user: What is 2+2?") == 1  # the second call shows only its new messages
     assert "prompt_token_ids" not in text
