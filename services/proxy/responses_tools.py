@@ -11,7 +11,7 @@ offers besides, and how each reaches the engine:
 - `custom` tools (free-form input, optionally held to a Lark or regex grammar) become functions with one string
   argument, `input`; the grammar (when there is one) is appended to the description, since the engine does not
   constrain the output to it. The model's call comes back as a `custom_tool_call` item whose `input` is that string.
-- `additional_tools` input items add their tools to the request's.
+- `additional_tools` input items add their tools to the request's (a tool declared again, the same, is offered once).
 - Built-in tools that the hosted API runs itself (`web_search`, `file_search`, `image_generation`, ...) have no
   engine to run them: they are left out of the engine's request, and each one left out is a warning recorded with
   the call (and logged) rather than a 400, so an agent that offers them by default still runs.
@@ -191,6 +191,8 @@ def _add(table: ToolTable, tool: Any, where: str, namespace: str | None = None) 
         table.dropped.append((where, kind))
         return
     other = table.by_flat.get(offered.flat)
+    if other is not None and other == offered and chat in table.tools:
+        return  # declared again (the request's tools and an additional_tools item, or two such items): offered once
     if other is not None:
         raise ProxyError(
             "invalid_request",

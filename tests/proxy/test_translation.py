@@ -286,6 +286,8 @@ def test_flat_names_and_custom_inputs() -> None:
     table = responses_tools.tool_table({"tools": [{"type": "custom", "name": "exec"}]})
     item = table.output_item("c1", "exec", '{"input": "ls"}')
     assert item["type"] == "custom_tool_call" and item["input"] == "ls" and "namespace" not in item
+    again = {"type": "additional_tools", "tools": [{"type": "custom", "name": "exec"}]}
+    assert len(responses_tools.tool_table({"tools": [{"type": "custom", "name": "exec"}], "input": [again]}).tools) == 1
     unknown = table.output_item("c2", "nope", "{}")
     assert unknown["type"] == "function_call" and unknown["name"] == "nope"
 
