@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from .config import StandinConfig
 from .engine import EngineError, Generation, full_body, generate_chat, generate_completion, stream_chunks
-from .scale_out import ScaleOut
+from .scale_out import ScaleOut, too_long
 from .tokenizer import ToyTokenizer
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,8 @@ class Standin:
         self.weight_version = config.weight_version
         # Adapter name -> the path it was loaded from (vLLM's LoRA modules; a call naming one is answered as it).
         self.adapters = dict(m.split("=", 1) for m in config.lora_modules.split(",") if m)
-        self.scale_out = ScaleOut(config.model, self.tokenizer)
+        self.max_model_len = config.max_model_len
+        self.scale_out = ScaleOut(config.model, self.tokenizer, config.max_model_len)
 
     async def tokens(self, request: Request, answer: Callable[[dict[str, Any]], dict[str, Any]]) -> Response:
         """One of the token-level endpoints (scale_out.py), its body kept with the generation requests."""
@@ -102,6 +103,8 @@ class Standin:
                 gen = generate_completion(body, served, self.tokenizer, self.mistake_rate)
         except EngineError as err:
             return self._error(err)
+        if api == "chat" and len(gen.prompt_token_ids) > self.max_model_len:
+            return self._error(too_long(self.max_model_len, len(gen.prompt_token_ids)))
         delay = float(knobs.get("delay_ms", self.knobs.delay_ms))
         if body.get("stream") and not knobs.get("ignore_stream"):
             chunk_delay = float(knobs.get("chunk_delay_ms", self.knobs.chunk_delay_ms))
@@ -148,7 +151,7 @@ def create_app(config: StandinConfig) -> Starlette:
 
     async def models(request: Request) -> Response:
         card = {"id": standin.model, "object": "model", "created": int(time.time()), "owned_by": "vllm"}
-        card.update(root=standin.model, parent=None, max_model_len=32768)
+        card.update(root=standin.model, parent=None, max_model_len=standin.max_model_len)
         adapters = [
             {**card, "id": name, "root": path, "parent": standin.model} for name, path in standin.adapters.items()
         ]

@@ -21,6 +21,7 @@ class StandinConfig:
     weight_version: str = ""
     lora_modules: str = ""
     scale_out: bool = False
+    max_model_len: int = 32768
     log_level: str = "warning"
 
 
@@ -54,6 +55,8 @@ SETTINGS = st.Settings(
         st.Setting("--scale-out", "AGL_STANDIN_SCALE_OUT", st.switch(), _D.scale_out,
                    "serve vLLM's split chat path (POST /v1/chat/completions/render, /inference/v1/generate, "
                    "/v1/chat/completions/derender), as vLLM started with --enable-scale-out"),
+        st.Setting("--max-model-len", "AGL_STANDIN_MAX_MODEL_LEN", st.integer(1), _D.max_model_len,
+                   "the context length: a longer prompt is refused with vLLM's 400 and its words"),
         st.Setting("--log-level", "AGL_LOG_LEVEL", st.log_level(), _D.log_level),
     ],
 )  # fmt: skip

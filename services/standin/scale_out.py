@@ -22,8 +22,18 @@ from . import model
 from .engine import EngineError, _check_common, _int_field, _truncate
 from .tokenizer import EOS_ID, ToyTokenizer, token_logprob
 
-MAX_MODEL_LEN = 32768  # what GET /v1/models reports
 _KEPT_RENDERS = 1000
+
+
+def too_long(max_model_len: int, prompt_tokens: int) -> EngineError:
+    """vLLM's refusal of a prompt longer than the context, in its words (vllm/renderers/params.py)."""
+    return EngineError(
+        400,
+        f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
+        f"{prompt_tokens} input tokens, which exceeds this limit even without any output tokens. Please reduce the "
+        "length of the input prompt.",
+        param="input_tokens",
+    )
 
 
 def _token_ids(value: Any, name: str, nonempty: bool) -> list[int]:
@@ -37,9 +47,10 @@ def _token_ids(value: Any, name: str, nonempty: bool) -> list[int]:
 
 
 class ScaleOut:
-    def __init__(self, served_model: str, tokenizer: ToyTokenizer) -> None:
+    def __init__(self, served_model: str, tokenizer: ToyTokenizer, max_model_len: int) -> None:
         self.model = served_model
         self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
         # request id -> (messages, tools, tool_choice, knobs) of a rendered request, for its generate call.
         self._rendered: OrderedDict[str, tuple[list[Any], Any, Any, dict[str, Any]]] = OrderedDict()
 
@@ -56,7 +67,7 @@ class ScaleOut:
             tokens = self.tokenizer.encode(body["prompt"])
         else:
             raise EngineError(400, "Either `messages` or `prompt` must be given.", param="messages")
-        return {"count": len(tokens), "max_model_len": MAX_MODEL_LEN, "tokens": tokens, "token_strs": None}
+        return {"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens, "token_strs": None}
 
     def detokenize(self, body: dict[str, Any]) -> dict[str, Any]:
         return {"prompt": self.tokenizer.decode(_token_ids(body.get("tokens"), "tokens", nonempty=False))}
@@ -68,12 +79,14 @@ class ScaleOut:
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise EngineError(400, "`messages` must be a non-empty list of message objects.", param="messages")
         tokens = self.tokenizer.encode(model.render_chat(messages, body.get("tools")))
+        if len(tokens) > self.max_model_len:
+            raise too_long(self.max_model_len, len(tokens))
         max_tokens = _int_field(body, "max_completion_tokens", 0)
         if max_tokens is None:
             max_tokens = _int_field(body, "max_tokens", 0)
         top = _int_field(body, "top_logprobs", 0) or 0
         params: dict[str, Any] = {
-            "max_tokens": max_tokens if max_tokens is not None else MAX_MODEL_LEN - len(tokens),
+            "max_tokens": max_tokens if max_tokens is not None else self.max_model_len - len(tokens),
             "temperature": body.get("temperature", 1.0),
             "logprobs": top if body.get("logprobs") else None,
             "stop": body.get("stop") or [],
