@@ -147,6 +147,19 @@ def json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+_AFTER_OPENER = {"{": frozenset('"}'), "[": frozenset('"{[]-0123456789tfn')}
+_JSON_SPACE = " \t\n\r"
+
+
+def _may_open(text: str, at: int) -> bool:
+    """Whether the opener at `at` can start JSON (what follows it can): most braces in prose and code cannot, and a
+    failed parse costs as much as the text before it (json counts the lines for its error message)."""
+    after = at + 1
+    while after < len(text) and text[after] in _JSON_SPACE:
+        after += 1
+    return after < len(text) and text[after] in _AFTER_OPENER[text[at]]
+
+
 def _equal_json_around(turn_text: str, rendered_text: str, at: int, shift: int, low: int) -> tuple[int, int] | None:
     """The ends (in turn_text, in rendered_text) of the outermost JSON value that starts at the same place in both
     texts (position p in turn_text, p + shift in rendered_text, p in [low, at]), holds the difference at `at`, and
@@ -157,13 +170,17 @@ def _equal_json_around(turn_text: str, rendered_text: str, at: int, shift: int, 
     decoder = json.JSONDecoder()
     found: tuple[int, int] | None = None
     differs = False
-    tried = 0
-    p = at
-    while p >= low and tried < MAX_JSON_OPENERS:
-        p = max(turn_text.rfind("{", low, p + 1), turn_text.rfind("[", low, p + 1))
+    brace, bracket = turn_text.rfind("{", low, at + 1), turn_text.rfind("[", low, at + 1)
+    for _ in range(MAX_JSON_OPENERS):
+        p = max(brace, bracket)
         if p < 0:
             break
-        tried += 1
+        if p == brace:  # each kind searched again only once used: the scan stays linear in the text
+            brace = turn_text.rfind("{", low, p)
+        else:
+            bracket = turn_text.rfind("[", low, p)
+        if not _may_open(turn_text, p):
+            continue
         try:
             sampled, turn_end = decoder.raw_decode(turn_text, p)
             if turn_end > at:
@@ -173,7 +190,6 @@ def _equal_json_around(turn_text: str, rendered_text: str, at: int, shift: int, 
                     found = None if differs else (turn_end, rendered_end)
         except ValueError:
             pass
-        p -= 1
     return None if differs else found
 
 

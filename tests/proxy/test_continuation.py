@@ -160,6 +160,21 @@ def test_an_edited_tool_call_or_a_changed_string_does_not_align() -> None:
     assert align("a: plain text", "a: other text") is None
 
 
+def test_a_long_call_after_a_long_prompt_full_of_braces_aligns() -> None:
+    """Braces in prose, in tool schemas and in code inside the arguments are tried and passed over."""
+    schemas = json.dumps(
+        [{"name": f"t{i}", "parameters": {"properties": {"p": {"enum": ["a", "b"]}}}} for i in range(50)]
+    )
+    prompt = f"<|system|>\n{schemas}\n<|user|>\n{'see { this } and [1] ' * 200}\n<|assistant|>\n"
+    call = {"name": "Write", "arguments": {"path": "a.py", "content": "def f(x):\n    return {'a': [x]}\n" * 100}}
+    sampled = f"{prompt}<tool_call>\n{json.dumps(call, separators=(',', ':'))}\n</tool_call>"
+    rendered = f"{prompt}<tool_call>\n{json.dumps(call)}\n</tool_call>{AFTER}"
+    end = align(sampled, rendered)
+    assert end is not None and rendered[end:] == AFTER
+    call["arguments"]["content"] += "#"
+    assert align(sampled, f"{prompt}<tool_call>\n{json.dumps(call)}\n</tool_call>{AFTER}") is None
+
+
 def test_json_values_are_equal_by_value_not_by_python_equality() -> None:
     assert json_equal({"a": [1, 2.5], "b": None}, {"b": None, "a": [1.0, 2.5]})
     assert not json_equal(True, 1) and not json_equal([0], [False])
