@@ -3,13 +3,14 @@
 Covers what agents on the Anthropic SDK and Claude Code send: a system prompt (text or text blocks), `system` turns
 inside `messages`, user and assistant turns of text, image, tool_use and tool_result blocks, custom tools with an
 input schema, tool_choice, stop sequences, sampling options, `thinking` (the chat template's reasoning switch),
-`output_config.format` (structured output), streaming. Thinking blocks the agent sends back are dropped (the engine has
-its own reasoning parser); reasoning the engine returns becomes a thinking block. Accepted and deliberately without
-effect here: `cache_control` (top level and on blocks: the engine caches prefixes by itself), `metadata`,
-`context_management` (the proxy never edits a history: the rows stay exact), `output_config.effort`,
-`thinking.budget_tokens`, and the `anthropic-beta` and `anthropic-version` headers (docs/reference/agent-apis.md).
-Server tools (web search, code execution), documents and citations are refused with a 400 that names them. Only
-the first choice is translated (Messages has no `n`). `count_tokens` takes the same translation (to_tokenize).
+`output_config.format` (structured output), streaming. Reasoning the engine returns becomes a thinking block, and a
+thinking block sent back becomes the assistant message's `reasoning` for the template (redacted thinking is
+dropped). Accepted and deliberately without effect here: `cache_control` (top level and on blocks: the engine
+caches prefixes by itself), `metadata`, `context_management` (the proxy never edits a history: the rows stay
+exact), `output_config.effort`, `thinking.budget_tokens`, and the `anthropic-beta` and `anthropic-version` headers
+(docs/reference/agent-apis.md). Server tools (web search, code execution), documents and citations are refused with
+a 400 that names them. Only the first choice is translated (Messages has no `n`). `count_tokens` takes the same
+translation (to_tokenize).
 """
 
 from __future__ import annotations
@@ -133,8 +134,12 @@ def _user_turn(content: list[Any], where: str) -> list[dict[str, Any]]:
 
 
 def _assistant_turn(content: list[Any], where: str) -> dict[str, Any]:
+    """An assistant turn; its thinking blocks (the engine's reasoning, handed out as such) become the message's
+    `reasoning`, which vLLM gives the chat template (`reasoning_content` too): a template that keeps past reasoning
+    (Qwen3's, for the turns of the current agent loop) writes it back where the model wrote it."""
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
+    reasoning: list[str] = []
     for k, block in enumerate(content):
         place = f"{where}.content[{k}]"
         require(isinstance(block, dict), f"{place} must be a content block object.")
@@ -151,8 +156,11 @@ def _assistant_turn(content: list[Any], where: str) -> dict[str, Any]:
             calls.append(
                 {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": arguments}}
             )
-        elif kind in ("thinking", "redacted_thinking"):
-            continue
+        elif kind == "thinking":
+            if isinstance(block.get("thinking"), str):
+                reasoning.append(block["thinking"])
+        elif kind == "redacted_thinking":
+            continue  # encrypted by Anthropic: never the engine's
         else:
             raise ProxyError(
                 "invalid_request", f"{place} is a {kind!r} block, which is not supported in assistant turns."
@@ -160,6 +168,8 @@ def _assistant_turn(content: list[Any], where: str) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
     if calls:
         message["tool_calls"] = calls
+    if any(reasoning):
+        message["reasoning"] = "".join(reasoning)
     return message
 
 

@@ -69,9 +69,23 @@ async def test_a_claude_code_call_and_its_count_on_the_real_engine(
         "thinking": {"type": "enabled", "budget_tokens": 1024},
         "extra_headers": {"anthropic-beta": "claude-code-20250219"},
     }
+    # A later turn as Claude Code sends it back: thinking (the engine's reasoning), a tool call, its result.
+    history = [
+        *request["messages"],
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "Add them.", "signature": ""},
+            {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "echo $((4+4))"}},
+        ]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "8"}]},
+    ]  # fmt: skip
     with anthropic.Anthropic(base_url=base, api_key=KEY, max_retries=0) as sdk:
-        counted = sdk.messages.count_tokens(**request)
-        message = sdk.messages.create(max_tokens=8, metadata={"user_id": "u1"}, **request)
-    (recorded,) = [e.model_request for e in await client.list_events(rollout_id, event_type="model_request")]
-    assert recorded.status == event_pb2.MODEL_REQUEST_STATUS_OK and recorded.prompt_token_ids
-    assert counted.input_tokens == len(recorded.prompt_token_ids) == message.usage.input_tokens
+        counted = [sdk.messages.count_tokens(**request), sdk.messages.count_tokens(**{**request, "messages": history})]
+        answers = [
+            sdk.messages.create(max_tokens=8, metadata={"user_id": "u1"}, **request),
+            sdk.messages.create(max_tokens=8, **{**request, "messages": history}),
+        ]
+    recorded = [e.model_request for e in await client.list_events(rollout_id, event_type="model_request")]
+    assert len(recorded) == 2
+    for count, answer, call in zip(counted, answers, recorded, strict=True):
+        assert call.status == event_pb2.MODEL_REQUEST_STATUS_OK and call.prompt_token_ids
+        assert count.input_tokens == len(call.prompt_token_ids) == answer.usage.input_tokens

@@ -78,6 +78,7 @@ def test_messages_request_blocks_become_chat_messages() -> None:
             "role": "assistant",
             "content": "Let me look.",
             "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "zoom", "arguments": '{"level":2}'}}],
+            "reasoning": "hmm",  # the thinking block, for a template that writes past reasoning back
         },
         {"role": "tool", "tool_call_id": "t1", "content": "a cat"},
         {"role": "tool", "tool_call_id": "t2", "content": "error"},
