@@ -128,9 +128,9 @@ def boundary(offsets: Sequence[Sequence[int]], start: int, length: int) -> int |
     return None
 
 
-# How far back from a difference `align` looks for the JSON value holding it, in openers ({ or [) tried: a tool
-# call's arguments may hold code with many braces, each a failed parse that costs little.
-MAX_JSON_OPENERS = 4096
+# How far back from a difference `align` looks for the JSON value holding it, in parses tried from openers ({ or [)
+# that can start JSON: a history holds tool schemas and calls, each object a parse (about 1,500 in 60k characters).
+MAX_JSON_PARSES = 4096
 
 
 def json_equal(a: Any, b: Any) -> bool:
@@ -171,7 +171,8 @@ def _equal_json_around(turn_text: str, rendered_text: str, at: int, shift: int, 
     found: tuple[int, int] | None = None
     differs = False
     brace, bracket = turn_text.rfind("{", low, at + 1), turn_text.rfind("[", low, at + 1)
-    for _ in range(MAX_JSON_OPENERS):
+    parses = 0
+    while parses < MAX_JSON_PARSES:
         p = max(brace, bracket)
         if p < 0:
             break
@@ -181,6 +182,7 @@ def _equal_json_around(turn_text: str, rendered_text: str, at: int, shift: int, 
             bracket = turn_text.rfind("[", low, p)
         if not _may_open(turn_text, p):
             continue
+        parses += 1
         try:
             sampled, turn_end = decoder.raw_decode(turn_text, p)
             if turn_end > at:
