@@ -1,14 +1,21 @@
 """The Anthropic Messages API (`POST .../v1/messages`) as chat completions, and chat answers as Messages answers.
 
-Covers what agents on the Anthropic SDK send: a system prompt (text or text blocks), user and assistant turns of
-text, image, tool_use and tool_result blocks, custom tools with an input schema, tool_choice, stop sequences,
-sampling options, streaming. Thinking blocks the agent sends back are dropped (the engine has its own reasoning
-parser); reasoning the engine returns becomes a thinking block. Server tools (web search, code execution), documents
-and citations are refused with a 400 that names them. Only the first choice is translated (Messages has no `n`).
+Covers what agents on the Anthropic SDK and Claude Code send: a system prompt (text or text blocks), `system` turns
+inside `messages`, user and assistant turns of text, image, tool_use and tool_result blocks, custom tools with an
+input schema, tool_choice, stop sequences, sampling options, `thinking` (the chat template's reasoning switch),
+`output_config.format` (structured output), streaming. Reasoning the engine returns becomes a thinking block, and a
+thinking block sent back becomes the assistant message's `reasoning` for the template (redacted thinking is
+dropped). Accepted and deliberately without effect here: `cache_control` (top level and on blocks: the engine
+caches prefixes by itself), `metadata`, `context_management` (the proxy never edits a history: the rows stay
+exact), `output_config.effort`, `thinking.budget_tokens`, and the `anthropic-beta` and `anthropic-version` headers
+(docs/reference/agent-apis.md). Server tools (web search, code execution), documents and citations are refused with
+a 400 that names them. Only the first choice is translated (Messages has no `n`). `count_tokens` takes the same
+translation (to_tokenize).
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -38,8 +45,21 @@ _ERROR_TYPES = {
     413: "request_too_large",
     422: "invalid_request_error",
     429: "rate_limit_error",
+    500: "api_error",
     503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
 }
+
+# A system turn inside `messages` after the conversation began is given to the model as user text in these tags:
+# the words Claude Code itself uses when it moves such text out of system turns (its fallback on Anthropic's API).
+SYSTEM_REMINDER = "<system-reminder>\n{}\n</system-reminder>"
+# `thinking.type` -> the chat template's reasoning switch (chat_template_kwargs.enable_thinking: Qwen3's templates
+# and others read it; a template without a switch ignores it).
+_THINKING = {"enabled": True, "adaptive": True, "disabled": False}
+# vLLM's words for a prompt longer than the model's context, and Anthropic's (Claude Code compacts on these).
+_TOO_LONG = re.compile(r"maximum context length is (\d+) tokens\. However, your prompt contains (?:at least )?(\d+) "
+                       r"input tokens")  # fmt: skip
 
 
 # -- request ------------------------------------------------------------------------------------------------------
@@ -114,8 +134,12 @@ def _user_turn(content: list[Any], where: str) -> list[dict[str, Any]]:
 
 
 def _assistant_turn(content: list[Any], where: str) -> dict[str, Any]:
+    """An assistant turn; its thinking blocks (the engine's reasoning, handed out as such) become the message's
+    `reasoning`, which vLLM gives the chat template (`reasoning_content` too): a template that keeps past reasoning
+    (Qwen3's, for the turns of the current agent loop) writes it back where the model wrote it."""
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
+    reasoning: list[str] = []
     for k, block in enumerate(content):
         place = f"{where}.content[{k}]"
         require(isinstance(block, dict), f"{place} must be a content block object.")
@@ -132,8 +156,11 @@ def _assistant_turn(content: list[Any], where: str) -> dict[str, Any]:
             calls.append(
                 {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": arguments}}
             )
-        elif kind in ("thinking", "redacted_thinking"):
-            continue
+        elif kind == "thinking":
+            if isinstance(block.get("thinking"), str):
+                reasoning.append(block["thinking"])
+        elif kind == "redacted_thinking":
+            continue  # encrypted by Anthropic: never the engine's
         else:
             raise ProxyError(
                 "invalid_request", f"{place} is a {kind!r} block, which is not supported in assistant turns."
@@ -141,6 +168,8 @@ def _assistant_turn(content: list[Any], where: str) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
     if calls:
         message["tool_calls"] = calls
+    if any(reasoning):
+        message["reasoning"] = "".join(reasoning)
     return message
 
 
@@ -176,24 +205,81 @@ def _tool_choice(choice: Any) -> Any:
     raise ProxyError("invalid_request", "`tool_choice.type` must be auto, any, none, or tool (with `name`).")
 
 
-def to_chat(body: dict[str, Any]) -> dict[str, Any]:
-    max_tokens = body.get("max_tokens")
+def _object(body: dict[str, Any], name: str) -> dict[str, Any]:
+    value = body.get(name)
+    require(value is None or isinstance(value, dict), f"`{name}` must be an object.")
+    return value or {}
+
+
+def _check_accepted(body: dict[str, Any]) -> None:
+    """The fields accepted without effect here are at least of their documented types (a 400 naming the field)."""
+    metadata = _object(body, "metadata")
+    user_id = metadata.get("user_id")
+    require(user_id is None or isinstance(user_id, str), "`metadata.user_id` must be a string.")
+    cache = _object(body, "cache_control")
+    require(not cache or isinstance(cache.get("type"), str), "`cache_control.type` must be a string.")
+    edits = _object(body, "context_management").get("edits")
+    require(edits is None or isinstance(edits, list), "`context_management.edits` must be a list.")
+    effort = _object(body, "output_config").get("effort")
+    require(effort is None or isinstance(effort, str), "`output_config.effort` must be a string.")
+
+
+def _template_kwargs(body: dict[str, Any]) -> dict[str, Any] | None:
+    """chat_template_kwargs: `thinking` as the template's reasoning switch; the agent's own kwargs win."""
+    given = body.get("chat_template_kwargs")
+    thinking = body.get("thinking")
+    if thinking is None:
+        return given
+    require(isinstance(thinking, dict), "`thinking` must be an object.")
+    kind = thinking.get("type")
+    require(kind in _THINKING, "`thinking.type` must be enabled, adaptive or disabled.")
+    budget = thinking.get("budget_tokens")
     require(
-        isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 1,
-        "`max_tokens` is required and must be a positive integer.",
+        (budget is None and kind != "enabled")
+        or (isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1),
+        "`thinking.budget_tokens` must be a positive integer (required when `thinking.type` is enabled).",
     )
+    if given is not None and not isinstance(given, dict):
+        return given  # the engine's 400 names it
+    return {"enable_thinking": _THINKING[kind], **(given or {})}
+
+
+def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
+    """`output_config.format` (Anthropic's structured output) as the chat `response_format` vLLM constrains to."""
+    output_format = _object(body, "output_config").get("format")
+    if output_format is None:
+        return None
+    require(
+        isinstance(output_format, dict)
+        and output_format.get("type") == "json_schema"
+        and isinstance(output_format.get("schema"), dict),
+        '`output_config.format` must be {"type": "json_schema", "schema": {...}}.',
+    )
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": output_format["schema"]}}
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversation as chat messages. System turns inside `messages` before the first user or assistant turn join
+    the system prompt (which comes first in every rendering); later ones become user text in <system-reminder> tags:
+    every chat template takes a user turn, while templates expect at most one system message, at the start (some
+    refuse others, some repeat the tool list in each), and moving later text into the system prompt would change the
+    start of the prompt that the model's earlier turns were sampled after (a break in every row)."""
     turns = body.get("messages")
     require(isinstance(turns, list) and bool(turns), "`messages` must be a non-empty list.")
-    stream = body.get("stream", False)
-    require(isinstance(stream, bool), "`stream` must be a boolean.")
+    system = [_text_blocks(body["system"], "system")] if body.get("system") else []
     messages: list[dict[str, Any]] = []
-    if body.get("system"):
-        messages.append({"role": "system", "content": _text_blocks(body["system"], "system")})
     for k, turn in enumerate(turns):
         where = f"messages[{k}]"
         require(isinstance(turn, dict), f"{where} must be an object.")
         role, content = turn.get("role"), turn.get("content")
-        require(role in ("user", "assistant"), f"{where}.role must be user or assistant.")
+        require(role in ("user", "assistant", "system"), f"{where}.role must be user, assistant or system.")
+        if role == "system":
+            text = _text_blocks(content, f"{where}.content")
+            if messages:
+                messages.append({"role": "user", "content": SYSTEM_REMINDER.format(text)})
+            else:
+                system.append(text)
+            continue
         if isinstance(content, str):
             messages.append({"role": role, "content": content})
             continue
@@ -202,9 +288,28 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
             messages.extend(_user_turn(content, where))
         else:
             messages.append(_assistant_turn(content, where))
+    if system:
+        messages.insert(0, {"role": "system", "content": "\n\n".join(system)})
+    return messages
+
+
+def _prefill(messages: list[dict[str, Any]]) -> bool:
+    """Whether the answer continues the agent's last assistant text (vLLM's continue_final_message)."""
+    return messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")
+
+
+def to_chat(body: dict[str, Any]) -> dict[str, Any]:
+    max_tokens = body.get("max_tokens")
+    require(
+        isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 1,
+        "`max_tokens` is required and must be a positive integer.",
+    )
+    stream = body.get("stream", False)
+    require(isinstance(stream, bool), "`stream` must be a boolean.")
+    _check_accepted(body)
+    messages = _messages(body)
     chat: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens}
-    if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
-        # A prefill: the answer continues the agent's last assistant text (vLLM's chat options for it).
+    if _prefill(messages):
         chat["continue_final_message"] = True
         chat["add_generation_prompt"] = False
     if body.get("model") is not None:
@@ -212,6 +317,12 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     for name in ("temperature", "top_p", "top_k", *_VLLM_EXTRAS):
         if body.get(name) is not None:
             chat[name] = body[name]
+    kwargs = _template_kwargs(body)
+    if kwargs is not None:
+        chat["chat_template_kwargs"] = kwargs
+    response_format = _response_format(body)
+    if response_format is not None:
+        chat["response_format"] = response_format
     stops = body.get("stop_sequences")
     if stops is not None:
         require(isinstance(stops, list) and all(isinstance(s, str) for s in stops), "`stop_sequences` must be strings.")
@@ -226,6 +337,23 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
     return chat
+
+
+def to_tokenize(body: dict[str, Any], model: str) -> dict[str, Any]:
+    """A count_tokens request as the body of vLLM's POST /tokenize: the prompt a Messages call with these messages,
+    system prompt, tools and thinking would render to (max_tokens is not needed)."""
+    _check_accepted(body)
+    _response_format(body)  # checked; it constrains an answer, not the prompt
+    messages = _messages(body)
+    request: dict[str, Any] = {"model": model, "messages": messages}
+    if _prefill(messages):
+        request.update(add_generation_prompt=False, continue_final_message=True)
+    if body.get("tools"):
+        request["tools"] = _tools(body["tools"])
+    kwargs = _template_kwargs(body)
+    if kwargs is not None:
+        request["chat_template_kwargs"] = kwargs
+    return request
 
 
 # -- response -----------------------------------------------------------------------------------------------------
@@ -291,8 +419,13 @@ def from_chat(response: dict[str, Any], request: dict[str, Any]) -> dict[str, An
 
 
 def error_body(body: dict[str, Any], status: int) -> dict[str, Any]:
+    """Anthropic's error shape and types; a prompt longer than the model's context in Anthropic's words ("prompt is
+    too long: N tokens > M maximum"), which Claude Code answers by compacting its history."""
     message, _ = openai_error_parts(body)
     kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    too_long = _TOO_LONG.search(message) if status == 400 else None
+    if too_long is not None:
+        message = f"prompt is too long: {too_long.group(2)} tokens > {too_long.group(1)} maximum"
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 

@@ -6,16 +6,21 @@ the text leaves out (`</tool_call>` after a call that did not parse), the re-ren
 the tokens the model produced: the trainer's row breaks there, and the next turn is conditioned on other tokens
 than the ones being trained. The proxy remembers each rollout's last few prompt + response token sequences and,
 when the next prompt renders to the same text, sends the engine the sampled tokens followed by the newly rendered
-context instead (`splice`). Histories that really changed (stripped reasoning, an edited or compacted history) do
-not render to the same text and are left as they are: the trainer makes them separate, exact segments.
+context instead (`splice`). A tool call the agent sent back re-serialised (other spacing, key order or escapes: a
+client parses the arguments and writes them again, the engine renders them from the parsed object) is the same
+call: where the texts differ only inside JSON values that parse equal (`align`), the sampled tokens still stand for
+it. Histories that really changed (stripped reasoning, an edited argument, a compacted history) do not render to the
+same text and are left as they are: the trainer makes them separate, exact segments.
 """
 
 from __future__ import annotations
 
+import json
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 # Outcomes of one continued call (the proxy's agl_proxy_token_continuations counter counts them).
 APPENDED = "appended"  # the rendered prompt already starts with what the model saw: sent as it is
@@ -123,13 +128,99 @@ def boundary(offsets: Sequence[Sequence[int]], start: int, length: int) -> int |
     return None
 
 
+# How far back from a difference `align` looks for the JSON value holding it, in parses tried from openers ({ or [)
+# that can start JSON: a history holds tool schemas and calls, each object a parse (about 1,500 in 60k characters).
+MAX_JSON_PARSES = 4096
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    """Whether two parsed JSON values are the same value: numbers by value (a client may write 2.0 as 2), booleans
+    only equal booleans (True == 1 in Python, not in JSON), objects by keys whatever their order."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+_AFTER_OPENER = {"{": frozenset('"}'), "[": frozenset('"{[]-0123456789tfn')}
+_JSON_SPACE = " \t\n\r"
+
+
+def _may_open(text: str, at: int) -> bool:
+    """Whether the opener at `at` can start JSON (what follows it can): most braces in prose and code cannot, and a
+    failed parse costs as much as the text before it (json counts the lines for its error message)."""
+    after = at + 1
+    while after < len(text) and text[after] in _JSON_SPACE:
+        after += 1
+    return after < len(text) and text[after] in _AFTER_OPENER[text[at]]
+
+
+def _equal_json_around(turn_text: str, rendered_text: str, at: int, shift: int, low: int) -> tuple[int, int] | None:
+    """The ends (in turn_text, in rendered_text) of the outermost JSON value that starts at the same place in both
+    texts (position p in turn_text, p + shift in rendered_text, p in [low, at]), holds the difference at `at`, and
+    parses equal in both; None when the outermost such value differs (or none holds the difference).
+
+    The outermost, not the innermost: an opener inside a JSON string ("print([1,2])") may parse on its own, and
+    comparing it alone would take an edited string for a re-spelled one."""
+    decoder = json.JSONDecoder()
+    found: tuple[int, int] | None = None
+    differs = False
+    brace, bracket = turn_text.rfind("{", low, at + 1), turn_text.rfind("[", low, at + 1)
+    parses = 0
+    while parses < MAX_JSON_PARSES:
+        p = max(brace, bracket)
+        if p < 0:
+            break
+        if p == brace:  # each kind searched again only once used: the scan stays linear in the text
+            brace = turn_text.rfind("{", low, p)
+        else:
+            bracket = turn_text.rfind("[", low, p)
+        if not _may_open(turn_text, p):
+            continue
+        parses += 1
+        try:
+            sampled, turn_end = decoder.raw_decode(turn_text, p)
+            if turn_end > at:
+                sent, rendered_end = decoder.raw_decode(rendered_text, p + shift)
+                if rendered_end > at + shift:
+                    differs = not json_equal(sampled, sent)
+                    found = None if differs else (turn_end, rendered_end)
+        except ValueError:
+            pass
+    return None if differs else found
+
+
+def align(turn_text: str, rendered_text: str) -> int | None:
+    """Where the turn's text ends in `rendered_text`, when the rendered text starts with the turn's text except
+    inside JSON values that parse equal (a tool call's arguments re-serialised: compact or spaced, keys reordered,
+    `\\u00e9` for `é`); None when it does not (the history changed)."""
+    t = r = low = 0
+    while True:
+        same = common_prefix(turn_text[t:], rendered_text[r:])
+        t, r = t + same, r + same
+        if t == len(turn_text):
+            return r
+        ends = _equal_json_around(turn_text, rendered_text, t, r - t, low)
+        if ends is None:
+            return None
+        t, r = ends
+        low = t
+
+
 @dataclass(frozen=True)
 class Splice:
     """A continued prompt: `prompt_ids` goes to the engine; `hidden` are the positions in it of tokens no rendering
-    contains (see Turn); the others must decode to exactly the rendered text, which is checked before it is sent."""
+    contains (see Turn); the others must decode to exactly `text` (the rendered text, with the sampled spelling of
+    any re-serialised JSON value), which is checked before it is sent."""
 
     prompt_ids: list[int]
     hidden: tuple[int, ...]
+    text: str = field(default="", compare=False)
 
     def text_ids(self) -> list[int]:
         return Turn(array("i", self.prompt_ids), self.hidden).visible()
@@ -140,11 +231,15 @@ def splice(turn: Turn, rendered: Sequence[int], rendered_text: str, offsets: Seq
     """The prompt to send: the turn's tokens, then the rendered tokens after the text they stand for.
 
     `turn_text` is the text of the turn's visible tokens (Turn.visible); `shared` is the tokens' common prefix with
-    `rendered`. None when the rendered text does not start with that text at a token boundary: the history changed.
+    `rendered`. None when the rendered text does not start with that text (up to re-serialised JSON values, see
+    `align`) at a token boundary: the history changed.
     """
-    if not rendered_text.startswith(turn_text) or len(offsets) != len(rendered):
+    if len(offsets) != len(rendered):
         return None
-    cut = boundary(offsets, max(shared - 1, 0), len(turn_text))
+    end = align(turn_text, rendered_text)
+    if end is None:
+        return None
+    cut = boundary(offsets, max(shared - 1, 0), end)
     if cut is None:
         return None
     tail = list(rendered[cut:])
@@ -153,4 +248,4 @@ def splice(turn: Turn, rendered: Sequence[int], rendered_text: str, offsets: Seq
     stop = turn.stop_token
     if stop is not None and tail[:1] == [stop]:  # the template closed the turn with the same stop token
         tail, hidden = tail[1:], hidden[:-1]
-    return Splice([*tokens, *tail], hidden)
+    return Splice([*tokens, *tail], hidden, turn_text + rendered_text[end:])

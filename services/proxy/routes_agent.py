@@ -1,5 +1,5 @@
 """The agent's routes: the model-call APIs under a rollout's prefix (OpenAI chat and completions, the model list,
-Anthropic Messages, OpenAI Responses) and the agent's own events.
+Anthropic Messages and its count_tokens, OpenAI Responses) and the agent's own events.
 
 Each API's routes carry its error shape (error_shapes.py): an error on an Anthropic route is answered in
 Anthropic's shape, on the others in OpenAI's (which the Responses API shares).
@@ -33,6 +33,7 @@ from .request_body import read_body
 from .rewrite import CHAT, COMPLETIONS, MODES, parse_body
 from .runtime import ProxyRuntime, runtime_of
 from .stream_response import ProxyStream
+from .token_count import count_tokens
 from .translation import Dialect
 
 log = logging.getLogger(__name__)
@@ -85,8 +86,26 @@ async def responses(request: Request) -> Response:
     return await _model_call(request, openai_responses.DIALECT.api, openai_responses.DIALECT)
 
 
+async def messages_count_tokens(request: Request) -> Response:
+    runtime = runtime_of(request)
+    rollout_id, attempt_id = await scope_ids(request, runtime)
+    if request.path_params["mode"] not in MODES:
+        raise ProxyError("not_found", f"Unknown mode {request.path_params['mode']!r}: use train or val.")
+    raw = await read_body(request, runtime.config.max_body_bytes)
+    answer = await count_tokens(
+        runtime.gateway,
+        runtime.routing,
+        runtime.upstream.client,
+        runtime.config.model_name,
+        rollout_id,
+        attempt_id,
+        raw,
+    )
+    return JSONResponse(answer)
+
+
 class _MessagesNotServed:
-    """The Anthropic API's other paths (count_tokens, batches): a 404 in its shape, which its SDK reads. An ASGI
+    """The Anthropic API's other paths (batches): a 404 in its shape, which its SDK reads. An ASGI
     app rather than a request handler, so that its route takes every method (a handler's would take GET only)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -156,6 +175,7 @@ def routes() -> list[BaseRoute]:
         ShapedRoute(f"{PREFIX}/completions", completions, methods=["POST"], error_shape=openai_shape),
         ShapedRoute(f"{PREFIX}/models", models, methods=["GET"], error_shape=openai_shape),
         ShapedRoute(f"{PREFIX}/messages", messages, methods=["POST"], error_shape=anthropic),
+        ShapedRoute(f"{PREFIX}/messages/count_tokens", messages_count_tokens, methods=["POST"], error_shape=anthropic),
         # Any method; `{name}` needs a character, so `.../messages/` still gets Starlette's redirect to `.../messages`.
         ShapedRoute(f"{PREFIX}/messages/{{name}}{{rest:path}}", _MessagesNotServed(), error_shape=anthropic),
         ShapedRoute(

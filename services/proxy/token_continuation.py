@@ -8,8 +8,10 @@ parsed). For a call whose history the proxy has seen (continuation.TokenHistory)
 
 1. render the request; if its tokens start with the remembered turn's, it is a pure append: the call goes on as
    usual (one extra, cheap engine request);
-2. otherwise compare text: when the rendered text starts with the turn's text at a token boundary (and the spliced
-   tokens decode to exactly the rendered text), generate from the spliced tokens and derender the answer;
+2. otherwise compare text: when the rendered text starts with the turn's text at a token boundary (a tool call the
+   agent re-serialised counts as the same text when its JSON parses equal: continuation.align), and the spliced
+   tokens decode to exactly the rendered text (with the sampled spelling of such a call), generate from the spliced
+   tokens and derender the answer;
 3. anything else (the history changed, the engine lacks the endpoints, an engine error) goes on as usual and the
    trainer makes the rollout a separate segment: exact, never retokenized.
 """
@@ -136,7 +138,7 @@ class TokenContinuation:
         own = turn.visible()
         rendered_text = await self._text(endpoint, rendered, model)
         spliced = splice(turn, rendered, rendered_text, offsets, await self._text(endpoint, own, model), shared)
-        if spliced is None or await self._text(endpoint, spliced.text_ids(), model) != rendered_text:
+        if spliced is None or await self._text(endpoint, spliced.text_ids(), model) != spliced.text:
             self._count(DIVERGED)
             return None
         generate["token_ids"] = spliced.prompt_ids

@@ -1,5 +1,8 @@
 """Starlette app of the stand-in engine: vLLM's OpenAI routes plus a few test knobs under /standin.
 
+Besides vLLM's chat and completions routes it serves vLLM's /tokenize and /detokenize, and with --scale-out the
+split chat path (render, generate, derender) that the proxy's token continuation uses (scale_out.py).
+
 Knobs: POST /standin/config {"delay_ms", "chunk_delay_ms", "fail_next", "fail_status"} changes behaviour at run
 time; GET /standin/requests lists the bodies received (newest last) with stream outcomes; DELETE clears them.
 A request may carry `"standin": {"status": 400, "message": "...", "delay_ms": N, "chunk_delay_ms": N}` to get
@@ -15,7 +18,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -26,6 +29,7 @@ from starlette.routing import Route
 
 from .config import StandinConfig
 from .engine import EngineError, Generation, full_body, generate_chat, generate_completion, stream_chunks
+from .scale_out import ScaleOut
 from .tokenizer import ToyTokenizer
 
 log = logging.getLogger(__name__)
@@ -60,6 +64,21 @@ class Standin:
         self.weight_version = config.weight_version
         # Adapter name -> the path it was loaded from (vLLM's LoRA modules; a call naming one is answered as it).
         self.adapters = dict(m.split("=", 1) for m in config.lora_modules.split(",") if m)
+        self.scale_out = ScaleOut(config.model, self.tokenizer, config.max_model_len)
+
+    async def tokens(self, request: Request, answer: Callable[[dict[str, Any]], dict[str, Any]]) -> Response:
+        """One of the token-level endpoints (scale_out.py), its body kept with the generation requests."""
+        try:
+            body = json.loads(await request.body())
+        except ValueError as err:
+            return self._error(EngineError(400, f"Invalid JSON body: {err}"))
+        if not isinstance(body, dict):
+            return self._error(EngineError(400, "The request body must be a JSON object."))
+        self.received.append({"path": request.url.path, "body": body})
+        try:
+            return JSONResponse(answer(body))
+        except EngineError as err:
+            return self._error(err)
 
     async def generate(self, request: Request, api: str) -> Response:
         self.stats.requests += 1
@@ -143,6 +162,19 @@ def create_app(config: StandinConfig) -> Starlette:
         standin.adapters[str(body["lora_name"])] = str(body["lora_path"])
         return Response(f"Success: LoRA adapter '{body['lora_name']}' added successfully.", status_code=200)
 
+    def token_route(path: str, answer: Callable[[dict[str, Any]], dict[str, Any]]) -> Route:
+        async def endpoint(request: Request) -> Response:
+            return await standin.tokens(request, answer)
+
+        return Route(path, endpoint, methods=["POST"])
+
+    # vLLM's split chat path: on only with --scale-out (vLLM: with --enable-scale-out; without, it answers 404).
+    scale_out = [
+        token_route("/v1/chat/completions/render", standin.scale_out.render),
+        token_route("/inference/v1/generate", standin.scale_out.generate),
+        token_route("/v1/chat/completions/derender", standin.scale_out.derender),
+    ]
+
     async def health(request: Request) -> Response:
         return Response(status_code=200)
 
@@ -181,6 +213,9 @@ def create_app(config: StandinConfig) -> Starlette:
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        token_route("/tokenize", standin.scale_out.tokenize),
+        token_route("/detokenize", standin.scale_out.detokenize),
+        *(scale_out if config.scale_out else []),
         # vLLM's runtime adapter route: on only with --lora-modules (vLLM: with --enable-lora).
         *([Route("/v1/load_lora_adapter", load_lora_adapter, methods=["POST"])] if config.lora_modules else []),
         Route("/health", health, methods=["GET"]),

@@ -21,6 +21,7 @@ class StandinConfig:
     mistake_rate: float = 0.0
     weight_version: str = ""
     lora_modules: str = ""
+    scale_out: bool = False
     log_level: str = "warning"
 
 
@@ -54,6 +55,9 @@ SETTINGS = st.Settings(
                    "adapters served beside the model, NAME=PATH[,NAME=PATH...] as vLLM's --lora-modules: a call "
                    "naming one is answered as that model, GET /v1/models lists each with its path, and "
                    "POST /v1/load_lora_adapter loads (or replaces) one"),
+        st.Setting("--scale-out", "AGL_STANDIN_SCALE_OUT", st.switch(), _D.scale_out,
+                   "serve vLLM's split chat path (POST /v1/chat/completions/render, /inference/v1/generate, "
+                   "/v1/chat/completions/derender), as vLLM started with --enable-scale-out"),
         st.Setting("--log-level", "AGL_LOG_LEVEL", st.log_level(), _D.log_level),
     ],
 )  # fmt: skip

@@ -157,7 +157,9 @@ def generate_chat(
     n = _int_field(body, "n", 1) or 1
     tools = body.get("tools")
     prompt_ids = tokenizer.encode(model.render_chat(messages, tools))
-    reply = model.chat_reply(messages, tools, body.get("tool_choice", "auto"), _sample_mistake(body, mistake_rate))
+    knobs = body.get("standin") if isinstance(body.get("standin"), dict) else {}
+    mistake = _sample_mistake(body, mistake_rate)
+    reply = model.chat_reply(messages, tools, body.get("tool_choice", "auto"), mistake, knobs)
     all_pieces = tokenizer.split(reply.raw)
     limit = _fit_context(max_tokens, param, len(prompt_ids), max_model_len)
     pieces, cut = _truncate(all_pieces, limit, body.get("stop"))

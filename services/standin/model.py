@@ -7,6 +7,10 @@ Behaviour (what example agents can rely on):
   compute), tool_choice is not "none" and the last message is the user's, the model calls that tool instead:
   arguments {"a", "b", "op"} when the tool declares them, otherwise its first string parameter (or
   "expression") gets the expression "A op B".
+  It writes the call's JSON spaced with non-ASCII escaped (json.dumps's defaults); a request's
+  `"standin": {"tool_json": "compact"}` makes it write compact JSON, `"standin": {"tool_arguments": {...}}` these
+  arguments. The parsed call hands the arguments back as vLLM's Hermes parser does (json.dumps, non-ASCII kept),
+  and the template writes an assistant turn's calls back as Hermes templates do (render_chat).
 - After a tool message it answers "The answer is {tool output}."
 - Anything else gets "OK. You said: {the first words of the last user message}".
 - With `mistake=True` (the engine samples it at temperature > 0 when started with --mistake-rate) a direct
@@ -28,6 +32,7 @@ _TOOLISH = re.compile(r"calc|math|arith|eval|compute", re.IGNORECASE)
 _SYMBOL = {"plus": "+", "minus": "-", "times": "*", "x": "*", "\u00d7": "*", "multiplied by": "*"}
 _SYMBOL.update({"\u00f7": "/", "divided by": "/"})
 _ECHO_WORDS = 12
+_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -57,18 +62,57 @@ def content_text(content: Any) -> str:
     return str(content)
 
 
-def render_chat(messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
-    """The chat template: one block per message, then the assistant header."""
+def _rendered_call(call: Any) -> str:
+    """An assistant turn's tool call as the Hermes template writes it back: vLLM parses `arguments` into an object
+    (an empty one when it is not JSON) and the template writes it with `tojson` (spaced, non-ASCII as it is)."""
+    function = call.get("function") if isinstance(call, dict) and isinstance(call.get("function"), dict) else {}
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments else {}
+        except ValueError:
+            arguments = {}
+    if not isinstance(arguments, dict):
+        arguments = {}
+    name = json.dumps(function.get("name", ""), ensure_ascii=False)
+    return f'<tool_call>\n{{"name": {name}, "arguments": {json.dumps(arguments, ensure_ascii=False)}}}\n</tool_call>'
+
+
+def render_chat(messages: list[dict[str, Any]], tools: list[Any] | None, generation_prompt: bool = True) -> str:
+    """The chat template: one block per message (an assistant turn's tool calls as Hermes writes them), then the
+    assistant header."""
     parts: list[str] = []
     if tools:
         parts.append(f"<|tools|>\n{json.dumps(tools, sort_keys=True)}\n")
     for message in messages:
         text = content_text(message.get("content"))
         if message.get("tool_calls"):
-            text += json.dumps(message["tool_calls"], sort_keys=True)
+            calls = "\n".join(_rendered_call(call) for call in message["tool_calls"])
+            text = f"{text}\n{calls}" if text else calls
         parts.append(f"<|{message.get('role', 'user')}|>\n{text}\n")
-    parts.append("<|assistant|>\n")
+    if generation_prompt:
+        parts.append("<|assistant|>\n")
     return "".join(parts)
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
+    """(the content before the first call, the calls) of generated text, as vLLM's Hermes parser reads it: each
+    `<tool_call>` JSON object with a name; its arguments handed back as `json.dumps(..., ensure_ascii=False)`. No
+    parsable call: the text whole and no calls."""
+    calls = []
+    for match in _CALL.finditer(text):
+        try:
+            call = json.loads(match.group(1))
+        except ValueError:
+            return text, []
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return text, []
+        arguments = json.dumps(call.get("arguments", {}), ensure_ascii=False)
+        calls.append(ToolCall(_call_id(call["name"], arguments), call["name"], arguments))
+    if not calls:
+        return text, []
+    content = text[: text.index("<tool_call>")].strip()
+    return content or None, calls
 
 
 def solve(text: str) -> tuple[str, str] | None:
@@ -120,11 +164,24 @@ def _tool_arguments(function: dict[str, Any], expression: str) -> dict[str, Any]
     return {name: expression}
 
 
-def _tool_call(function: dict[str, Any], expression: str) -> Reply:
-    arguments = json.dumps(_tool_arguments(function, expression))
-    call_id = f"chatcmpl-tool-{zlib.crc32((function.get('name', '') + arguments).encode()):08x}"
-    call = ToolCall(call_id=call_id, name=function.get("name", ""), arguments=arguments)
-    raw = f'<tool_call>\n{{"name": {json.dumps(call.name)}, "arguments": {arguments}}}\n</tool_call>'
+def _call_id(name: str, arguments: str) -> str:
+    return f"chatcmpl-tool-{zlib.crc32((name + arguments).encode()):08x}"
+
+
+# How the model spells the JSON of a call it writes (the request's `standin.tool_json`): spaced with non-ASCII
+# escaped (json.dumps's defaults, and the default here), or compact.
+_TOOL_JSON = {"spaced": {}, "compact": {"separators": (",", ":"), "ensure_ascii": False}}
+
+
+def _tool_call(function: dict[str, Any], expression: str, knobs: dict[str, Any]) -> Reply:
+    given = knobs.get("tool_arguments")
+    arguments = given if isinstance(given, dict) else _tool_arguments(function, expression)
+    spelling = _TOOL_JSON.get(str(knobs.get("tool_json", "spaced")), {})
+    name = function.get("name", "")
+    # The parser hands the arguments back re-serialised (vLLM's Hermes parser: json.dumps, non-ASCII as it is).
+    parsed = json.dumps(arguments, ensure_ascii=False)
+    call = ToolCall(call_id=_call_id(name, parsed), name=name, arguments=parsed)
+    raw = f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments}, **spelling)}\n</tool_call>"
     return Reply(raw=raw, content=None, tool_calls=[call])
 
 
@@ -145,7 +202,11 @@ def _answer(text: str, mistake: bool = False) -> str:
 
 
 def chat_reply(
-    messages: list[dict[str, Any]], tools: list[Any] | None, tool_choice: Any, mistake: bool = False
+    messages: list[dict[str, Any]],
+    tools: list[Any] | None,
+    tool_choice: Any,
+    mistake: bool = False,
+    knobs: dict[str, Any] | None = None,
 ) -> Reply:
     last = messages[-1] if messages else {}
     if last.get("role") == "tool":
@@ -155,7 +216,7 @@ def chat_reply(
     function = _pick_tool(tools, tool_choice) if last.get("role") == "user" else None
     solved = solve(user_text)
     if function is not None and solved is not None:
-        return _tool_call(function, solved[0])
+        return _tool_call(function, solved[0], knobs or {})
     text = _answer(user_text, mistake)
     return Reply(raw=text, content=text)
 

@@ -13,6 +13,9 @@ import zlib
 _PIECE = re.compile(r"\s*\S+|\s+$")
 VOCAB_OFFSET = 1000
 VOCAB_SIZE = 100_000
+# The end-of-sequence token, below the pieces' ids: the token-in generate endpoint ends a finished answer with it, as
+# vLLM does; decoding leaves it out (a special token), as vLLM's /detokenize does.
+EOS_ID = 2
 
 
 class ToyTokenizer:
@@ -32,6 +35,19 @@ class ToyTokenizer:
 
     def decode_piece(self, token: int) -> str:
         return self._pieces.get(token, f"<{token}>")
+
+    def decode(self, tokens: list[int]) -> str:
+        """The text of token ids, special tokens (EOS) left out."""
+        return "".join(self.decode_piece(token) for token in tokens if token != EOS_ID)
+
+    def offsets(self, tokens: list[int]) -> list[tuple[int, int]]:
+        """Each token's (start, end) characters in the decoded text, as vLLM's renderer reports them."""
+        spans, at = [], 0
+        for token in tokens:
+            width = 0 if token == EOS_ID else len(self.decode_piece(token))
+            spans.append((at, at + width))
+            at += width
+        return spans
 
 
 def token_logprob(token: int, position: int) -> float:

@@ -9,7 +9,7 @@ from array import array
 
 from services.proxy import anthropic_messages, openai_responses
 from services.proxy.capture import StreamAssembler, capture_response
-from services.proxy.continuation import Splice, TokenHistory, Turn, boundary, common_prefix, splice
+from services.proxy.continuation import Splice, TokenHistory, Turn, align, boundary, common_prefix, json_equal, splice
 from services.proxy.rewrite import CHAT
 from services.proxy.token_continuation import stream_chunks
 
@@ -129,6 +129,81 @@ def test_history_keeps_the_last_turns_of_the_most_recent_rollouts() -> None:
     for n in range(10):
         history.remember(("a", "0"), [1, 100 + n], [2], stop_token=None)
     assert len(history._turns[("a", "0")]) == 4
+
+
+SAMPLED_CALL = '<|assistant|>\n<tool_call>\n{"name": "calc", "arguments": {"script": "2 + 3", "n": 2.0}}\n</tool_call>'
+AFTER = "\n<|tool|>\n5\n<|assistant|>\n"
+
+
+def test_a_tool_call_re_serialised_by_the_client_is_the_same_text() -> None:
+    """Compact, reordered, escaped or integral-float spellings of the sampled call align with it; the rest of the
+    rendered text follows it."""
+    for respelled in (
+        '{"name":"calc","arguments":{"script":"2 + 3","n":2.0}}',
+        '{"arguments": {"n": 2, "script": "2 + 3"}, "name": "calc"}',
+        '{"name": "calc", "arguments": {"script": "2 \\u002b 3", "n": 2.0}}',
+    ):
+        rendered = f"<|assistant|>\n<tool_call>\n{respelled}\n</tool_call>{AFTER}"
+        end = align(SAMPLED_CALL, rendered)
+        assert end is not None, respelled
+        assert rendered[end:] == AFTER
+
+
+def test_an_edited_tool_call_or_a_changed_string_does_not_align() -> None:
+    edited = SAMPLED_CALL.replace("2 + 3", "2 + 4") + AFTER
+    assert align(SAMPLED_CALL, edited) is None
+    typed = SAMPLED_CALL.replace("2.0", "true") + AFTER  # True == 1 in Python, not in JSON
+    assert align(SAMPLED_CALL, typed) is None
+    # A bracket inside a string parses on its own; the string around it still changed.
+    sampled = 'a: {"name": "run", "arguments": {"code": "print([1,2])"}}'
+    assert align(sampled, 'a: {"name": "run", "arguments": {"code": "print([1, 2])"}} more') is None
+    assert align("a: plain text", "a: other text") is None
+
+
+def test_a_long_call_after_a_long_prompt_full_of_braces_aligns() -> None:
+    """Braces in prose, in tool schemas and in code inside the arguments are tried and passed over."""
+    schemas = json.dumps(
+        [{"name": f"t{i}", "parameters": {"properties": {"p": {"enum": ["a", "b"]}}}} for i in range(50)]
+    )
+    prompt = f"<|system|>\n{schemas}\n<|user|>\n{'see { this } and [1] ' * 200}\n<|assistant|>\n"
+    call = {"name": "Write", "arguments": {"path": "a.py", "content": "def f(x):\n    return {'a': [x]}\n" * 100}}
+    sampled = f"{prompt}<tool_call>\n{json.dumps(call, separators=(',', ':'))}\n</tool_call>"
+    rendered = f"{prompt}<tool_call>\n{json.dumps(call)}\n</tool_call>{AFTER}"
+    end = align(sampled, rendered)
+    assert end is not None and rendered[end:] == AFTER
+    call["arguments"]["content"] += "#"
+    assert align(sampled, f"{prompt}<tool_call>\n{json.dumps(call)}\n</tool_call>{AFTER}") is None
+
+
+def test_json_values_are_equal_by_value_not_by_python_equality() -> None:
+    assert json_equal({"a": [1, 2.5], "b": None}, {"b": None, "a": [1.0, 2.5]})
+    assert not json_equal(True, 1) and not json_equal([0], [False])
+    assert not json_equal({"a": 1}, {"a": 1, "b": 2}) and not json_equal("1", 1)
+
+
+def test_a_re_serialised_call_is_spliced_with_the_sampled_spelling() -> None:
+    """The splice keeps the sampled tokens of the call; what they must decode to is the sampled spelling then the
+    rendered rest."""
+    vocab = {1: "<s>", 2: "u:", 3: "calc", 30: '{"x": 1}', 31: '{"x":1}', 32: "end"}
+
+    def spans(tokens: list[int]) -> list[tuple[int, int]]:
+        out, at = [], 0
+        for token in tokens:
+            out.append((at, at + len(vocab[token])))
+            at += len(vocab[token])
+        return out
+
+    turn = Turn(array("i", [1, 2, 3, 30]))
+    rendered = [1, 2, 3, 31, 32]
+    rendered_text = "".join(vocab[t] for t in rendered)
+    result = splice(turn, rendered, rendered_text, spans(rendered), '<s>u:calc{"x": 1}', 3)
+    assert result == Splice([1, 2, 3, 30, 32], ())
+    assert result.text == '<s>u:calc{"x": 1}end' == "".join(vocab[t] for t in result.text_ids())
+    edited = [1, 2, 3, 30]
+    vocab[33] = '{"x": 2}'
+    changed = [1, 2, 3, 33, 32]
+    assert splice(Turn(array("i", edited)), changed, "".join(vocab[t] for t in changed), spans(changed),
+                  '<s>u:calc{"x": 1}', 3) is None  # fmt: skip
 
 
 # A chat answer as derender gives it for a spliced prompt: text and a tool call, token ids and log-probs.

@@ -225,7 +225,7 @@ async def test_raw_http_with_x_api_key_and_finished_rollout(proxy: Http, client)
         bad_json = await http.post(url, content=b"{", headers=headers)
         assert bad_json.status_code == 400 and bad_json.json()["type"] == "error"
         assert bad_json.json()["error"]["type"] == "invalid_request_error"
-        for method, path in (("GET", "/messages"), ("POST", "/messages/count_tokens")):
+        for method, path in (("GET", "/messages"), ("POST", "/messages/batches")):
             unserved = await http.request(method, f"{base_url(proxy, rollout_id)}{path}", json=body, headers=headers)
             assert unserved.status_code in (404, 405) and unserved.json()["type"] == "error"
             assert unserved.json()["error"]["type"] == "not_found_error"

@@ -78,6 +78,7 @@ def test_messages_request_blocks_become_chat_messages() -> None:
             "role": "assistant",
             "content": "Let me look.",
             "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "zoom", "arguments": '{"level":2}'}}],
+            "reasoning": "hmm",  # the thinking block, for a template that writes past reasoning back
         },
         {"role": "tool", "tool_call_id": "t1", "content": "a cat"},
         {"role": "tool", "tool_call_id": "t2", "content": "error"},
@@ -91,7 +92,7 @@ def test_messages_request_blocks_become_chat_messages() -> None:
     ("body", "named"),
     [
         ({"messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
-        ({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+        ({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
         ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document"}]}]}, "'document'"),
         (
             {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "some"}},
@@ -185,7 +186,7 @@ def test_messages_stream_opens_and_closes_blocks_in_order() -> None:
         (429, "rate_limit_error"),
         (502, "api_error"),
         (503, "overloaded_error"),
-        (504, "api_error"),
+        (504, "timeout_error"),
     ],
 )
 def test_anthropic_error_types_by_status(status: int, kind: str) -> None:
