@@ -14,8 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from examples.calc_agent import agent as calc_agent
 from examples.calc_agent import tasks as calc_tasks
+from examples.math_agent import agent as math_agent
 from examples.math_agent import tasks as math_tasks
+from services.engine.start_quality import AgentLoop, Messages, Next
 
 Task = dict[str, Any]
 Example = tuple[list[dict[str, Any]], str]
@@ -40,6 +43,24 @@ class DemoAgent:
     warm_steps: int
     warm_lr: float
     train_tasks: int
+    # The agent's loop played in-process, to measure a starting point (services/engine/start_quality.py).
+    loop: AgentLoop
+
+
+def _math_step(task: Task, chat: Messages, reply: dict[str, Any]) -> Next:
+    return None, math_agent.score(reply.get("content") or "", task["answer"])
+
+
+def _calc_step(task: Task, chat: Messages, reply: dict[str, Any]) -> Next:
+    """examples/calc_agent/agent.py's loop: run the calls and go on, or score the answer."""
+    calls = reply.get("tool_calls") or []
+    if not calls:
+        return None, calc_agent.score(reply.get("content") or "", task["answer"])
+    results = [
+        {"role": "tool", "tool_call_id": call["id"], "content": calc_agent.run_tool(**call["function"])}
+        for call in calls
+    ]
+    return [*chat, reply, *results], 0.0
 
 
 # The share of warm-start tasks solved with the tool: the starting policy calls it about this often.
@@ -64,6 +85,7 @@ AGENTS = {
         warm_steps=300,
         warm_lr=1e-3,
         train_tasks=336,
+        loop=AgentLoop(opening=math_tasks.messages, tools=None, step=_math_step),
     ),
     "calc": DemoAgent(
         name="calc",
@@ -80,5 +102,8 @@ AGENTS = {
         warm_steps=400,
         warm_lr=2e-3,
         train_tasks=2000,
+        loop=AgentLoop(
+            opening=calc_tasks.messages, tools=list(calc_tasks.TOOLS), step=_calc_step, max_turns=calc_agent.MAX_TURNS
+        ),
     ),
 }

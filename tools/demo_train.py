@@ -39,8 +39,11 @@ from tools.demo_agents import AGENTS, DemoAgent  # noqa: E402
 MATH_AGENT = AGENTS["math"].agent_class
 # The agents read their task from these variables (see examples/math_agent/agent.py, examples/calc_agent/agent.py).
 TASK_ENV = {"AGL_TASK_QUESTION": "input.question", "AGL_TASK_ANSWER": "input.answer"}
-# 3: the tiny tokenizer has the tool-call tokens and its template renders tools.
-WARM_START_VERSION = 3
+# 3: the tiny tokenizer has the tool-call tokens and its template renders tools. 4: the start's quality is
+# measured and kept in the model folder (services/engine/start_quality.py).
+WARM_START_VERSION = 4
+# Held-out tasks a warm start's quality is measured on (start_held_out).
+START_HELD_OUT = 64
 # Checkpoints of the ~1 M-parameter model take ~0.1 s and 12 MB each.
 DEMO_SAVE_EVERY = 10
 
@@ -80,6 +83,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-operand", type=int, default=None, help="math: tasks add two numbers in 0..N (19)")
     group.add_argument("--val-every", type=int, default=20, help="held-out accuracy every N steps (0: at the end)")
     group.add_argument(
+        "--start-only",
+        action="store_true",
+        help="build (or reuse) the warm start, print its measured quality and stop: exit 1 when the starting-point "
+        "rules refuse it",
+    )
+    group.add_argument(
+        "--any-start",
+        action="store_true",
+        help="train even from a warm start the starting-point rules refuse (its figures are still printed): for "
+        "tests of the data path with a deliberately short warm start",
+    )
+    group.add_argument(
         "--lora",
         type=lora_rank,
         default=0,
@@ -96,6 +111,8 @@ def resolve_agent_defaults(args: argparse.Namespace) -> DemoAgent:
     """The chosen agent, with its defaults filled into the options left unset; options the agent does not use
     are refused (SystemExit with the reason)."""
     agent = AGENTS[args.agent]
+    if args.start_only and args.any_start:
+        raise SystemExit("--any-start lets a refused start train; --start-only trains nothing: give one of them")
     if agent.name != "math" and args.max_operand is not None:
         raise SystemExit(f"--max-operand sizes the math agent's additions; --agent {agent.name} does not use it")
     if args.max_operand is None:
@@ -123,8 +140,13 @@ def prepare_model(
     warm_steps: int,
     out: TextIO,
     agent: DemoAgent = AGENTS["math"],
+    held_out: Sequence[dict[str, Any]] = (),
+    refuse: bool = True,
 ) -> Path:
-    """The warm-started tiny model, made once per recipe (agent, tasks, sizes, steps) and reused after."""
+    """The warm-started tiny model, made once per recipe (agent, tasks, sizes, steps) and reused after. Its
+    starting quality is measured once, on held_out and a sample of train, and kept in the model folder; a start
+    GRPO cannot learn from is refused (SystemExit with the figure and the rule) unless refuse is False."""
+    from services.engine import start_quality
     from services.engine.tiny_model import RECIPE_FILE, build_tiny_model
     from services.engine.warm_start import warm_start
 
@@ -139,20 +161,49 @@ def prepare_model(
     }
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
     path = models_dir / f"tiny-{agent.name}-{digest}"
-    if (path / RECIPE_FILE).exists() and json.loads((path / RECIPE_FILE).read_text()).get("warm_start"):
+    quality = start_quality.recorded(path)
+    if quality is not None and json.loads((path / RECIPE_FILE).read_text()).get("warm_start"):
         out.write(f"model: {path} (cached)\n")
-        return path
-    partial = path.with_name(path.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    started = time.monotonic()
-    build_tiny_model(partial, hidden=128, layers=4, corpus=agent.corpus(train))
-    out.write(f"model: warm-starting a tiny model on {len(train)} tasks ({warm_steps} supervised steps)...\n")
-    out.flush()
-    result = warm_start(partial, agent.warm_examples(train), steps=warm_steps, lr=agent.warm_lr, tools=agent.tools)
-    shutil.rmtree(path, ignore_errors=True)
-    partial.rename(path)
-    out.write(f"model: {path} in {time.monotonic() - started:.0f}s (warm-start loss {result.loss:.3f})\n")
+    else:
+        partial = path.with_name(path.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        started = time.monotonic()
+        build_tiny_model(partial, hidden=128, layers=4, corpus=agent.corpus(train))
+        out.write(f"model: warm-starting a tiny model on {len(train)} tasks ({warm_steps} supervised steps)...\n")
+        out.flush()
+        examples = agent.warm_examples(train)
+        result = warm_start(partial, examples, steps=warm_steps, lr=agent.warm_lr, tools=agent.tools)
+        out.write(f"model: warm start {result.seconds:.0f}s (loss {result.loss:.3f}); measuring the start...\n")
+        out.flush()
+        quality = start_quality.measure(partial, agent.loop, held_out or train[:64], train)
+        start_quality.record(partial, quality)
+        shutil.rmtree(path, ignore_errors=True)
+        partial.rename(path)
+        out.write(f"model: {path} in {time.monotonic() - started:.0f}s\n")
+    out.write(f"model: start {describe_start(quality)}\n")
+    refused = start_quality.refusal(quality)
+    if refused and refuse:
+        raise SystemExit(
+            f"the warm start {path.name} cannot learn: {refused} (more --warm-start-steps; --any-start trains anyway)"
+        )
     return path
+
+
+def start_held_out(args: argparse.Namespace, agent: DemoAgent) -> list[dict[str, Any]]:
+    """The held-out tasks a start is measured on: the agent's first START_HELD_OUT, whatever --val-tasks says, so
+    the figures kept with a cached model do not depend on the run that made it."""
+    return agent.make_tasks(argparse.Namespace(**{**vars(args), "val_tasks": START_HELD_OUT}))[1]
+
+
+def describe_start(quality: Any) -> str:
+    """One line of a start's figures (services/engine/start_quality.py)."""
+    line = f"held-out accuracy {quality.held_out_accuracy:.3f}"
+    if quality.tool_call_rate is not None:
+        line += f", tool-call rate {quality.tool_call_rate:.2f}"
+    return line + (
+        f", mixed-reward groups {quality.mixed_group_share:.2f} of {quality.groups} "
+        f"(sampled reward {quality.sampled_reward:.3f})"
+    )
 
 
 # -- the run ------------------------------------------------------------------------------------------------
@@ -208,8 +259,8 @@ def demo_plan(
         export_dtype="trained",
         tool_call_parser="hermes",
         resume=False,
-        # A control run (--lr 0) or a short one may well have steps without a signal: the demo reports, not judges.
-        allow_no_learning=True,
+        # A control run (--lr 0) has no learning by design; any other run without a signal fails, as agl train does.
+        allow_no_learning=args.lr == 0,
         extra_overrides=[
             f"agl.val_max_samples={args.val_tasks}",
             "agl.retention.keep_steps=-1",
@@ -231,7 +282,12 @@ def run_training(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     clear_previous_run(output_dir)
     agent = resolve_agent_defaults(args)
     train_file, val_file, train = prepare_tasks(args.data_dir.resolve(), args, agent)
-    model_path = prepare_model(args.data_dir.resolve() / "models", train, args.warm_start_steps, out, agent)
+    held_out = start_held_out(args, agent)
+    model_path = prepare_model(
+        args.data_dir.resolve() / "models", train, args.warm_start_steps, out, agent, held_out, not args.any_start
+    )
+    if args.start_only:
+        return 0
     plan = demo_plan(args, agent, model_path, train_file, val_file, train)
     return session.train(plan, out, base_model=model_path)
 

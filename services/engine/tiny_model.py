@@ -135,6 +135,9 @@ def build_tiny_model(
     and corpus (see build_tokenizer)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # "Writing model shards": noise around the demo's own lines
 
     if hidden % 64:
         raise ValueError(f"hidden={hidden}: must be a multiple of 64 (the head size)")

@@ -8,6 +8,7 @@ Prompts are rendered with the model's own chat template, exactly as the engine r
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from collections.abc import Sequence
@@ -18,6 +19,21 @@ from typing import Any
 from .tiny_model import EOS_TOKEN, RECIPE_FILE, make_readable
 
 Messages = list[dict[str, Any]]
+
+
+# Steps between two looks at the machine's load (threads_for_load).
+LOAD_CHECK_EVERY = 25
+
+
+def threads_for_load(own_threads: int) -> int:
+    """Every core when nothing else runs, one when other work does. The model is tiny, so its kernels are short
+    and each step synchronises the threads many times: a thread that loses its core to another process stalls
+    the rest. Measured on 2 cores at a load average of 7-10 (other tests' engines and trainers): 1 thread 1.5-1.8
+    s a step, 2 threads 5.5-7.9 s (2.2 s with OMP_WAIT_POLICY=PASSIVE). `own_threads`: this process's share of
+    the 1-minute load average (its threads while it trains), left out of the comparison."""
+    cores = len(os.sched_getaffinity(0))
+    others = os.getloadavg()[0] - own_threads
+    return cores if others < 0.5 else 1
 
 
 @dataclass(frozen=True)
@@ -47,17 +63,22 @@ def warm_start(
     lr: float = 1e-3,
     warmup_steps: int = 50,
     seed: int = 1,
-    threads: int = 2,
+    threads: int | None = None,
     tools: Sequence[dict[str, Any]] | None = None,
 ) -> WarmStartResult:
     """Trains the model in model_dir in place on (messages, answer) pairs and saves it back. `tools` (OpenAI
-    function tools) are rendered into every prompt, as the engine renders a request that offers them."""
+    function tools) are rendered into every prompt, as the engine renders a request that offers them. `threads`:
+    torch's intra-op threads; None follows the machine's load (threads_for_load)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # a bar per load and save: noise around the demo's own lines
 
     if not examples:
         raise ValueError("warm start needs at least one example")
-    torch.set_num_threads(threads)
+    chosen_threads = threads or threads_for_load(0)
+    torch.set_num_threads(chosen_threads)
     torch.manual_seed(seed)
     out = Path(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(out)
@@ -71,7 +92,10 @@ def warm_start(
     started = time.perf_counter()
     loss_value = float("nan")
     model.train()
-    for _ in range(steps):
+    for step in range(steps):
+        if threads is None and step and step % LOAD_CHECK_EVERY == 0:
+            chosen_threads = threads_for_load(chosen_threads)
+            torch.set_num_threads(chosen_threads)
         chosen = [encoded[rng.randrange(len(encoded))] for _ in range(batch_size)]
         width = max(len(ids) for ids, _ in chosen)
         pad = tokenizer.pad_token_id
@@ -96,6 +120,7 @@ def warm_start(
         "warmup_steps": warmup_steps,
         "seed": seed,
         "examples": len(examples),
+        "seconds": round(seconds, 1),
         "tools": [tool.get("function", tool).get("name") for tool in tools or []],
     }
     recipe_path.write_text(json.dumps(recipe, indent=2) + "\n")

@@ -62,7 +62,7 @@ def stack(
     # a reward signal to learn from (a random model scores 0 everywhere and every update is skipped).
     data = tmp_path_factory.mktemp("compose-cpu")
     _, _, train = demo_train.prepare_tasks(data, argparse.Namespace(train_tasks=64, val_tasks=8, max_operand=19))
-    model = demo_train.prepare_model(data / "models", train, 100, sys.stdout)
+    model = demo_train.prepare_model(data / "models", train, 100, sys.stdout, refuse=False)
     ledger_port, proxy_port, dashboard_port = free_port(), free_port(), free_port()
     variables = {
         "AGL_KEY": KEY,
