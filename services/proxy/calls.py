@@ -27,6 +27,7 @@ from .capture import Capture, StreamAssembler, capture_response
 from .coordination import Coordinator
 from .engine_check import not_current_error
 from .errors import ProxyError
+from .free_sampling import free_sampling
 from .gateway import LedgerGateway
 from .max_tokens_fit import ContextLengths, fit, granted, requested_limit
 from .metrics import ProxyMetrics
@@ -146,6 +147,9 @@ class ModelCalls:
             if not endpoints and not table.endpoints:
                 raise ProxyError("no_endpoint", f"No engine endpoint is registered for model {model}.")
             upstream_body = rewrite(body, engine_api, mode, self.settings, model)
+            if mode == "train":  # nothing the agent asks for changes what a train call samples from
+                upstream_body, dropped = free_sampling(upstream_body)
+                warnings = (*warnings, *dropped)
             request_bytes = dumps(upstream_body, "The request body")
             stream = bool(upstream_body.get("stream"))
             call = _Call(
