@@ -31,18 +31,18 @@ def test_a_controller_whose_port_is_taken_stops_the_start_within_seconds(tmp_pat
         port = taken.getsockname()[1]
         out = io.StringIO()
         begun = time.monotonic()
-        with pytest.raises(CliError) as caught:  # noqa: PT012
-            with running_stack(
-                tmp_path,
-                model_dir=None,
-                max_model_len=512,
-                concurrency=1,
-                agent_path=[],
-                out=out,
-                console=False,
-                ports={("controller", 9465): port},
-            ):
-                pytest.fail("the stack started with its controller's port taken")
+        stack = running_stack(
+            tmp_path,
+            model_dir=None,
+            max_model_len=512,
+            concurrency=1,
+            agent_path=[],
+            out=out,
+            console=False,
+            ports={("controller", 9465): port},
+        )
+        with pytest.raises(CliError) as caught, stack:
+            pytest.fail("the stack started with its controller's port taken")
         took = time.monotonic() - begun
     message = str(caught.value)
     assert message.startswith("a service did not start: controller exited with 1")
@@ -68,9 +68,9 @@ def test_a_wait_on_the_stack_ends_within_a_poll_of_a_services_death(tmp_path: Pa
 def test_a_test_service_that_exits_at_start_fails_its_start_at_once(tmp_path: Path) -> None:
     argv = [sys.executable, "-c", "import sys; print('cannot bind: port taken'); sys.exit(3)"]
     begun = time.monotonic()
-    with pytest.raises(RuntimeError) as caught:  # noqa: PT012
-        with start_service(argv, name="dies", ready=lambda _: time.sleep(30), log_dir=tmp_path):
-            pytest.fail("started")
+    service = start_service(argv, name="dies", ready=lambda _: time.sleep(30), log_dir=tmp_path)
+    with pytest.raises(RuntimeError) as caught, service:
+        pytest.fail("started")
     assert time.monotonic() - begun < 10  # not the 30 s its readiness check would wait
     assert "dies exited with 3 during start-up" in str(caught.value)
     assert "cannot bind: port taken" in str(caught.value)
