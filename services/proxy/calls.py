@@ -34,6 +34,7 @@ from .metrics import ProxyMetrics
 from .model_routes import ModelRoutes
 from .recording import ERROR, INCOMPLETE, OK, CallRecord, model_request_event
 from .request_limits import RequestLimits
+from .responses_chain import find
 from .rewrite import CHAT, RewriteSettings, dumps, loads_lenient, parse_body, rewrite, validate
 from .routing import Endpoint
 from .sse import DONE, SSESplitter
@@ -133,6 +134,10 @@ class ModelCalls:
             validate(body, api)
         else:
             body, engine_api = dialect.to_chat(body), CHAT
+            earlier = dialect.earlier(agent_body) if dialect.earlier is not None else ""
+            if earlier and dialect.chain is not None:  # the earlier response's conversation, from the ledger
+                calls = await self.gateway.calls_of(rollout_id, attempt_id)
+                body = dialect.chain(find(calls, earlier, rollout_id, "previous_response_id"), body, agent_body)
             validate(body, CHAT)
         warnings = tuple(dialect.warnings(agent_body)) if dialect is not None and dialect.warnings else ()
         self.coordinator.enter()
