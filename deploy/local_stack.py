@@ -185,6 +185,15 @@ def child_environment(service_env: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def exited(running: Mapping[str, RunningService]) -> str:
+    """ "" while every service runs; else the first that stopped, its exit status and the end of its log."""
+    for name, service in running.items():
+        code = service.proc.poll()
+        if code is not None:
+            return f"{name} exited with {code}; the end of its log ({service.log_path}):\n{service.log_tail(2000)}"
+    return ""
+
+
 def wait_healthy(service: RunningService, timeout_s: float) -> None:
     """Runs the service's health check until it passes (compose's `service_healthy`)."""
     deadline = time.monotonic() + timeout_s

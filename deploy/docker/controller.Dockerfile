@@ -10,7 +10,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    AGL_CONTROLLER_LOG_DIR=/tmp/agl-agent-logs
+    AGL_CONTROLLER_LOG_DIR=/tmp/agl-agent-logs \
+    AGL_CONTROLLER_METRICS_HOST=0.0.0.0
 
 RUN groupadd --system --gid 10001 agl \
     && useradd --system --uid 10001 --gid agl --home-dir /nonexistent --no-create-home agl
@@ -18,6 +19,10 @@ RUN groupadd --system --gid 10001 agl \
 COPY pyproject.toml README.md /tmp/src/
 COPY services /tmp/src/services
 WORKDIR /app
+# Alive while the process answers on its probe port (the metrics server, its only listener); a controller that
+# died at start (its port taken) is seen at once by compose and by agl train (deploy/local_stack.py).
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
+  CMD ["python", "-c", "import os,sys,urllib.request as u; r=u.urlopen('http://127.0.0.1:'+os.environ.get('AGL_CONTROLLER_METRICS_PORT','9465')+'/healthz',timeout=4); sys.exit(0 if r.status==200 else 1)"]
 
 
 FROM base AS local

@@ -12,7 +12,7 @@ from .quotas import EVENT_BYTES, MIB, ROLLOUT_BYTES, ROLLOUT_EVENTS, SETTING_NAM
 
 @dataclass(frozen=True)
 class LedgerConfig:
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # loopback unless configured (the image sets 0.0.0.0)
     port: int = 50051
     store: str = "memory"  # "memory" or "sqlite:PATH"
     key: str | None = None  # bearer key; None disables auth
@@ -69,7 +69,8 @@ SETTINGS = st.Settings(
     "agl-ledger",
     "AGL ledger: rollouts, events and model endpoints.",
     [
-        st.Setting("--host", "AGL_LEDGER_HOST", st.text(), _D.host, "bind address"),
+        st.Setting("--host", "AGL_LEDGER_HOST", st.text(), _D.host,
+                   "bind address, of the metrics too (loopback unless configured; 0.0.0.0 in the image)"),
         st.Setting("--port", "AGL_LEDGER_PORT", st.port(), _D.port, "gRPC port"),
         st.Setting("--store", "AGL_LEDGER_STORE", st.custom("'memory' or 'sqlite:PATH'", _store), _D.store,
                    "memory | sqlite:PATH"),

@@ -27,12 +27,14 @@ from .capture import Capture, StreamAssembler, capture_response
 from .coordination import Coordinator
 from .engine_check import not_current_error
 from .errors import ProxyError
+from .free_sampling import free_sampling
 from .gateway import LedgerGateway
 from .max_tokens_fit import ContextLengths, fit, granted, requested_limit
 from .metrics import ProxyMetrics
 from .model_routes import ModelRoutes
 from .recording import ERROR, INCOMPLETE, OK, CallRecord, model_request_event
 from .request_limits import RequestLimits
+from .responses_chain import find
 from .rewrite import CHAT, RewriteSettings, dumps, loads_lenient, parse_body, rewrite, validate
 from .routing import Endpoint
 from .sse import DONE, SSESplitter
@@ -132,6 +134,10 @@ class ModelCalls:
             validate(body, api)
         else:
             body, engine_api = dialect.to_chat(body), CHAT
+            earlier = dialect.earlier(agent_body) if dialect.earlier is not None else ""
+            if earlier and dialect.chain is not None:  # the earlier response's conversation, from the ledger
+                calls = await self.gateway.calls_of(rollout_id, attempt_id)
+                body = dialect.chain(find(calls, earlier, rollout_id, "previous_response_id"), body, agent_body)
             validate(body, CHAT)
         warnings = tuple(dialect.warnings(agent_body)) if dialect is not None and dialect.warnings else ()
         self.coordinator.enter()
@@ -146,6 +152,9 @@ class ModelCalls:
             if not endpoints and not table.endpoints:
                 raise ProxyError("no_endpoint", f"No engine endpoint is registered for model {model}.")
             upstream_body = rewrite(body, engine_api, mode, self.settings, model)
+            if mode == "train":  # nothing the agent asks for changes what a train call samples from
+                upstream_body, dropped = free_sampling(upstream_body)
+                warnings = (*warnings, *dropped)
             request_bytes = dumps(upstream_body, "The request body")
             stream = bool(upstream_body.get("stream"))
             call = _Call(

@@ -12,7 +12,7 @@ from .request_limits import MAX_N_SETTING, MAX_OUTPUT_TOKENS_SETTING, RequestLim
 
 @dataclass(frozen=True)
 class ProxyConfig:
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # loopback unless configured (the image sets 0.0.0.0)
     port: int = 8080
     ledger: str = "127.0.0.1:50051"
     model_name: str = ""
@@ -65,7 +65,8 @@ SETTINGS = st.Settings(
     "agl-proxy",
     "OpenAI-compatible, token-capturing proxy.",
     [
-        st.Setting("--host", "AGL_PROXY_HOST", st.text(), _D.host),
+        st.Setting("--host", "AGL_PROXY_HOST", st.text(), _D.host,
+                   "bind address (loopback unless configured; 0.0.0.0 in the image)"),
         st.Setting("--port", "AGL_PROXY_PORT", st.port(), _D.port),
         st.Setting("--ledger", "AGL_LEDGER_ADDR", st.text(nonempty=True), _D.ledger, "ledger gRPC address"),
         st.Setting("--model-name", "AGL_MODEL_NAME", st.text(), _D.model_name,

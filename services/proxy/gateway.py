@@ -133,6 +133,14 @@ class LedgerGateway:
 
     # -- events -----------------------------------------------------------------------------------------------
 
+    async def calls_of(self, rollout_id: str, attempt_id: str) -> list[event_pb2.ModelRequest]:
+        """The model calls recorded for a rollout attempt, oldest first (the responses a Responses request may
+        continue or an agent may fetch again: responses_chain.py)."""
+        events = await _translated(
+            "ListEvents", self.client.list_events(rollout_id, attempt_id=attempt_id, event_type="model_request")
+        )
+        return [event.model_request for event in events]
+
     async def append(self, event: event_pb2.Event) -> int:
         """Appends one event, refused when its rollout is terminal; returns its sequence."""
         return (await self.append_filed(event))[0]

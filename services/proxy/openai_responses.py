@@ -8,8 +8,10 @@ namespace tools (responses_tools.py), tool_choice, text.format (json_schema, jso
 streaming. Reasoning items the agent sends back are dropped; reasoning the engine returns becomes a reasoning item.
 Built-in tools are left out of the engine's request with a warning recorded on the call. Fields with no engine
 counterpart (`reasoning`, `include`, `prompt_cache_key`, `client_metadata`, `text.verbosity`, `store`, `user`,
-...) are checked and accepted; docs/reference/agent-apis.md says what each does here. The proxy keeps no
-responses, so `previous_response_id` is refused with a 400 that says to send the whole input.
+...) are checked and accepted; docs/reference/agent-apis.md says what each does here. `previous_response_id`
+continues a response of the same rollout attempt, found in the ledger (responses_chain.py); `background` and
+`conversation` are refused with a 400 naming them (nothing runs past its request; no conversation outlives a
+rollout).
 
 Past 400 lines: the translation both ways (request in, answer out, streamed and not) must agree item by item,
 so it stays in one module.
@@ -22,6 +24,7 @@ import uuid
 from typing import Any
 
 from .errors import ProxyError
+from .responses_chain import chained, earlier_id, response_id
 from .responses_tools import ToolTable, custom_arguments, custom_input, flat_name, tool_choice, tool_table
 from .translation import RESPONSES, Dialect, first_choice, openai_error_parts, require, sse
 
@@ -181,12 +184,20 @@ def _response_format(text: Any) -> dict[str, Any] | None:
 
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
-    if body.get("previous_response_id"):
-        raise ProxyError(
-            "invalid_request",
-            "`previous_response_id` is not supported: the proxy keeps no responses; send the whole conversation "
-            "in `input` (store: false).",
-        )
+    """The request's own chat translation (a previous_response_id's conversation is joined by the proxy: chain)."""
+    background = body.get("background")
+    require(background is None or isinstance(background, bool), "`background` must be a boolean.")
+    require(
+        not background,
+        "`background: true` is not supported: a call is answered while its request is open (the rollout's call "
+        "is recorded before its answer); send it without `background`.",
+    )
+    require(
+        body.get("conversation") is None,
+        "`conversation` is not supported: no conversation is kept across calls or rollouts; continue a response "
+        "of this rollout with `previous_response_id`, or send the whole conversation in `input`.",
+    )
+    earlier_id(body)
     stream = body.get("stream", False)
     require(isinstance(stream, bool), "`stream` must be a boolean.")
     _check_accepted(body)
@@ -272,7 +283,7 @@ def _envelope(
         "model": model,
         "output": output,
         "parallel_tool_calls": request.get("parallel_tool_calls", True),
-        "previous_response_id": None,
+        "previous_response_id": request.get("previous_response_id") or None,
         "reasoning": None,
         "store": False,
         "temperature": request.get("temperature"),
@@ -287,9 +298,7 @@ def _envelope(
 
 
 def _response_id(chat_id: Any) -> str:
-    if isinstance(chat_id, str) and chat_id:
-        return "resp_" + chat_id.removeprefix("chatcmpl-")
-    return _new_id("resp")
+    return response_id(chat_id) or _new_id("resp")
 
 
 def _status(choice: dict[str, Any]) -> str:
@@ -526,4 +535,6 @@ DIALECT = Dialect(
     stream=ResponsesStream,
     error_body=error_body,
     warnings=warnings,
+    earlier=earlier_id,
+    chain=chained,
 )

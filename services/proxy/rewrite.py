@@ -1,6 +1,7 @@
 """Request checks and rewriting per mode: the model, the temperature, token ids and log-probs are forced.
 
-Everything else (tools, tool_choice, response_format, stop, max_tokens, n, seed, extra vLLM fields) passes through.
+Everything else (tools, stop, max_tokens, n, seed, extra vLLM fields) passes through; in train mode the output
+constraints (tool_choice, strict tools, response_format, guided decoding) are then left out (free_sampling.py).
 """
 
 from __future__ import annotations

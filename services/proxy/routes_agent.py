@@ -30,6 +30,7 @@ from .event_checks import check_agent_event
 from .gateway import V1_ATTEMPT
 from .recording import agent_event, refused_event
 from .request_body import read_body
+from .responses_chain import find, stored_body
 from .rewrite import CHAT, COMPLETIONS, MODES, parse_body
 from .runtime import ProxyRuntime, runtime_of
 from .stream_response import ProxyStream
@@ -102,6 +103,17 @@ async def messages_count_tokens(request: Request) -> Response:
         raw,
     )
     return JSONResponse(answer)
+
+
+async def stored_response(request: Request) -> Response:
+    """`GET .../responses/{response_id}`: a response of this rollout attempt, answered from its record in the ledger."""
+    runtime = runtime_of(request)
+    rollout_id, attempt_id = await scope_ids(request, runtime)
+    if request.path_params["mode"] not in MODES:
+        raise ProxyError("not_found", f"Unknown mode {request.path_params['mode']!r}: use train or val.")
+    calls = await runtime.gateway.calls_of(rollout_id, attempt_id)
+    chat_request, response = find(calls, request.path_params["response_id"], rollout_id)
+    return JSONResponse(openai_responses.from_chat(response, stored_body(chat_request)))
 
 
 class _MessagesNotServed:
@@ -180,6 +192,12 @@ def routes() -> list[BaseRoute]:
         ShapedRoute(f"{PREFIX}/messages/{{name}}{{rest:path}}", _MessagesNotServed(), error_shape=anthropic),
         ShapedRoute(
             f"{PREFIX}/responses", responses, methods=["POST"], error_shape=openai_responses.DIALECT.error_body
+        ),
+        ShapedRoute(
+            f"{PREFIX}/responses/{{response_id}}",
+            stored_response,
+            methods=["GET"],
+            error_shape=openai_responses.DIALECT.error_body,
         ),
         ShapedRoute(EVENTS, events, methods=["POST"], error_shape=openai_shape),
     ]

@@ -46,6 +46,14 @@ class Dialect:
     # The agent's (checked) request -> what the translation left out of it or changed, one sentence each: recorded
     # with the call (ModelRequest.warnings) and logged.
     warnings: Callable[[dict[str, Any]], list[str]] | None = None
+    # The agent's request -> the id of an earlier response it continues ("": none; the Responses API's
+    # previous_response_id). The proxy finds that call among the rollout attempt's recorded calls, then
+    # chain((its recorded chat request, its recorded chat response), the request's chat body, the agent's request)
+    # gives the chat body to send.
+    earlier: Callable[[dict[str, Any]], str] | None = None
+    chain: Callable[[tuple[dict[str, Any], dict[str, Any]], dict[str, Any], dict[str, Any]], dict[str, Any]] | None = (
+        None
+    )
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:

@@ -93,6 +93,7 @@ def test_ledger_and_proxy_images_have_health_checks() -> None:
     assert "grpc_health" in local_stack.parse_dockerfile(DOCKER / "ledger.Dockerfile").healthcheck[-1]
     assert "/healthz" in local_stack.parse_dockerfile(DOCKER / "proxy.Dockerfile").healthcheck[-1]
     assert "/healthz" in local_stack.parse_dockerfile(DOCKER / "console.Dockerfile").healthcheck[-1]
+    assert "/healthz" in local_stack.parse_dockerfile(DOCKER / "controller.Dockerfile", "local").healthcheck[-1]
 
 
 def _probe(name: str, env: dict[str, str]) -> int:

@@ -28,7 +28,7 @@ QUESTION = [{"role": "user", "content": "What is 6 * 7?"}]
 
 def sdk(proxy: Http, rollout_id: str, **kwargs: Any) -> anthropic.Anthropic:
     # The SDK appends /v1/messages to its base URL: the agent's OpenAI base URL without its /v1.
-    url = base_url(proxy, rollout_id).removesuffix("/v1")
+    url = base_url(proxy, rollout_id, mode=kwargs.pop("mode", "train")).removesuffix("/v1")
     return anthropic.Anthropic(base_url=url, api_key=kwargs.pop("api_key", KEY), max_retries=0, **kwargs)
 
 
@@ -124,7 +124,7 @@ async def test_tool_use_round_trip(proxy: Http, engine: Http, client) -> None:
 
 async def test_forced_tool_choice_and_stop_sequences_are_translated(proxy: Http, engine: Http, client) -> None:
     rollout_id = await new_rollout(client)
-    with sdk(proxy, rollout_id) as agent:
+    with sdk(proxy, rollout_id, mode="val") as agent:  # train calls leave a forced choice out (test_free_sampling)
         agent.messages.create(
             model="m",
             max_tokens=64,

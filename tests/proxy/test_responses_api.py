@@ -29,7 +29,8 @@ CALCULATOR = {
 
 
 def sdk(proxy: Http, rollout_id: str, **kwargs: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url(proxy, rollout_id), api_key=kwargs.pop("api_key", KEY), max_retries=0)
+    url = base_url(proxy, rollout_id, mode=kwargs.pop("mode", "train"))
+    return openai.OpenAI(base_url=url, api_key=kwargs.pop("api_key", KEY), max_retries=0)
 
 
 async def test_text_answer_is_a_response_and_recorded_with_the_engines_tokens(
@@ -87,7 +88,7 @@ async def test_function_call_round_trip(proxy: Http, engine: Http, client) -> No
 async def test_developer_turns_forced_tools_and_json_schema_are_translated(proxy: Http, engine: Http, client) -> None:
     rollout_id = await new_rollout(client)
     schema = {"type": "object", "properties": {"answer": {"type": "number"}}}
-    with sdk(proxy, rollout_id) as agent:
+    with sdk(proxy, rollout_id, mode="val") as agent:  # train calls leave the constraints out (test_free_sampling)
         agent.responses.create(
             model="m",
             input=[{"role": "developer", "content": "Use tools."}, {"role": "user", "content": "What is 6 * 7?"}],
@@ -98,6 +99,9 @@ async def test_developer_turns_forced_tools_and_json_schema_are_translated(proxy
             top_p=0.9,
         )
         sent = engine_requests(engine)["received"][-1]["body"]
+    with sdk(proxy, rollout_id) as agent:
+        agent.responses.create(model="m", input="What is 6 * 7?", temperature=0.2, top_p=0.9)
+        trained = engine_requests(engine)["received"][-1]["body"]
         cut = agent.responses.create(model="m", input="What is 6 * 7?", max_output_tokens=3)
     assert sent["messages"][0] == {"role": "system", "content": "Use tools."}
     assert sent["tool_choice"] == {"type": "function", "function": {"name": "calculator"}}
@@ -106,7 +110,7 @@ async def test_developer_turns_forced_tools_and_json_schema_are_translated(proxy
         "json_schema": {"name": "result", "schema": schema, "strict": True},
     }
     # The proxy's train temperature and the whole distribution win over the agent's (train calls stay on-policy).
-    assert sent["top_p"] == 1.0 and sent["temperature"] == 1.0
+    assert trained["top_p"] == 1.0 and trained["temperature"] == 1.0
     assert cut.status == "incomplete" and cut.incomplete_details is not None
     assert cut.incomplete_details.reason == "max_output_tokens"
 
@@ -162,7 +166,7 @@ async def test_errors_come_in_openais_shape(proxy: Http, engine: Http, client) -
     with sdk(proxy, rollout_id) as agent:
         with pytest.raises(openai.BadRequestError) as chained:
             agent.responses.create(model="m", input="hi", previous_response_id="resp_123")
-        assert "send the whole conversation" in chained.value.body["message"]
+        assert "was not made in this rollout attempt" in chained.value.body["message"]
         with pytest.raises(openai.BadRequestError) as unnamed:
             agent.responses.create(model="m", input="hi", tools=[{"type": "function"}])
         assert "tools[0] (function) needs `name`" in unnamed.value.body["message"]
@@ -327,10 +331,10 @@ async def test_a_custom_tools_call_comes_back_as_a_custom_tool_call_streamed_or_
     assert answer.status_code == 200, answer.text
     (call,) = answer.json()["output"]
     assert call["type"] == "custom_tool_call" and call["name"] == "calc" and call["input"] == "6 * 7"
-    assert engine_requests(engine)["received"][-1]["body"]["tool_choice"] == {
-        "type": "function",
-        "function": {"name": "calc"},
-    }
+    # A train call: the choice, translated to the function the engine is offered, is left out (test_free_sampling).
+    assert engine_requests(engine)["received"][-1]["body"]["tool_choice"] == "auto"
+    (recorded,) = await recorded_calls(client, rollout_id)
+    assert "`tool_choice` (the named tool 'calc')" in recorded.warnings[0]
 
     streamed = codex_post(proxy, rollout_id, {**body, "stream": True})
     assert streamed.status_code == 200, streamed.text
@@ -355,7 +359,8 @@ async def test_a_custom_tools_call_comes_back_as_a_custom_tool_call_streamed_or_
     assert item_done["type"] == "function_call" and item_done["namespace"] == "mcp__calc__"
     assert item_done["name"] == "calculator" and json.loads(item_done["arguments"]) == {"expression": "6 * 7"}
     calls = await recorded_calls(client, rollout_id)
-    assert len(calls) == 3 and not any(recorded.warnings for recorded in calls)
+    # No warning but the train call's left-out choice: custom and namespace tools are offered, not dropped.
+    assert len(calls) == 3 and all(w.startswith("`tool_choice`") for c in calls for w in c.warnings)
     for recorded in calls:
         assert_engine_tokens(recorded)
 

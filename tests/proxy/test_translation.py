@@ -246,7 +246,10 @@ def test_responses_items_become_chat_messages() -> None:
 @pytest.mark.parametrize(
     ("body", "named"),
     [
-        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "x", "previous_response_id": 7}, "`previous_response_id` must be a string"),
+        ({"input": "x", "background": True}, "`background: true` is not supported"),
+        ({"input": "x", "conversation": "conv_1"}, "`conversation` is not supported"),
+        ({"input": "x", "conversation": {"id": "conv_1"}}, "`conversation` is not supported"),
         ({"input": [{"type": "computer_call"}]}, "'computer_call'"),
         ({"input": "x", "tools": [{"type": "function"}]}, "tools[0] (function) needs `name`"),
         ({"input": "x", "tools": [{"name": "f"}]}, "tools[0] needs `type`"),

@@ -1,7 +1,8 @@
 """Start real AGL services as subprocesses on loopback and wait until they answer.
 
 Each process's output goes to a log file; when a start fails, the log is part of the error so that a red
-test says why.
+test says why. A process that exits while its readiness is awaited fails the start within a poll (0.1 s), with
+the end of its log, instead of when the readiness check gives up.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -153,7 +155,7 @@ def start_service(
     try:
         if ready is not None:
             try:
-                ready(service)
+                _await_ready(service, ready)
             except Exception as err:
                 service.kill()
                 log_text = service.log_text()
@@ -161,6 +163,28 @@ def start_service(
         yield service
     finally:
         service.terminate(stop_timeout_s)
+
+
+def _await_ready(service: ServiceProcess, ready: Callable[[ServiceProcess], None]) -> None:
+    """ready(service) run beside a watch on the process: RuntimeError as soon as the process exits first (the
+    readiness check itself goes on in its thread until it gives up; nothing waits for it)."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            ready(service)
+            outcome.append(None)
+        except BaseException as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=run, name=f"ready-{service.name}", daemon=True)
+    thread.start()
+    while not outcome:
+        if not service.alive() and not outcome:
+            raise RuntimeError(f"{service.name} exited with {service.proc.returncode} during start-up")
+        thread.join(0.1)
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 def ledger_argv(port: int, store: str = "memory", key: str | None = None, extra_args: Sequence[str] = ()) -> list[str]:

@@ -20,7 +20,7 @@ from services._gen.agl.v1 import rollout_pb2
 from ..errors import FAILURE, USAGE, CliError
 from . import checks, collect, options
 from .session import Interrupted, raise_on_signals
-from .stack import CHECKOUT, running_stack
+from .stack import CHECKOUT, running_stack, while_services_run
 
 EVAL_LABEL = "agl_eval"
 KNOWN = ("data", "model", "output", "concurrency", "agent_class", "command", "env_map", "rollout_timeout",
@@ -115,7 +115,8 @@ def _evaluate(args: argparse.Namespace, out: TextIO) -> int:
 
         async def run_all() -> list[dict[str, Any]]:
             async with stack.client() as client:
-                records = await collect.run_rollouts(client, specs, labels, deadline, on_record=counted)
+                rollouts = collect.run_rollouts(client, specs, labels, deadline, on_record=counted)
+                records = await while_services_run(stack, rollouts)  # a service that stops ends the wait
                 await client.delete_rollouts([spec.rollout_id for spec in specs])
                 return records
 

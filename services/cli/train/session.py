@@ -19,16 +19,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from services._gen.agl.v1 import rollout_pb2, run_pb2
 
-from ..errors import FAILURE, USAGE
+from ..errors import FAILURE, USAGE, CliError
 from . import checks, collect, export, lora, options, report
 from .plan import TrainPlan, plan_from_args, write_run_file
-from .stack import CHECKOUT, Stack, child_environment, running_stack
+from .stack import CHECKOUT, Stack, check_services, child_environment, running_stack, while_services_run
 
 METRICS_FILE = "metrics.jsonl"
 TRAJECTORIES_FILE = "trajectories.jsonl"
@@ -176,10 +176,12 @@ def follow(
     history: Path | None = None,
     multi_turn: bool = False,
     val_label: str = "held-out reward",
+    check: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Prints each step the trainer logs until it exits, and appends it to the run's history (verl's file logger
     starts its file anew at every launch, so a resumed run would lose the steps before). Records go into `records`
-    as they come (an interruption still knows the last step)."""
+    as they come (an interruption still knows the last step). `check` raises when what the trainer needs stopped
+    (check_services)."""
     started = time.monotonic()
     offset = 0
     while True:
@@ -203,6 +205,8 @@ def follow(
             out.flush()
         if done:
             return records
+        if check is not None:
+            check()
         time.sleep(0.25)
 
 
@@ -257,7 +261,8 @@ async def smoke_rollout(plan: TrainPlan, stack: Stack) -> dict[str, Any]:
         metadata=rollout_pb2.RolloutMetadata(labels=labels),
     )
     async with stack.client() as client:
-        [record] = await collect.run_rollouts(client, [spec], labels, deadline_s=plan.rollout_timeout + 120)
+        rollouts = collect.run_rollouts(client, [spec], labels, deadline_s=plan.rollout_timeout + 120)
+        [record] = await while_services_run(stack, rollouts)
         await client.delete_rollouts([rollout_id])
     return record
 
@@ -376,7 +381,11 @@ def _train_in(
     if plan.placement == "cpu":
         out.write("smoke rollout: the agent on the first task through the stack...\n")
         out.flush()
-        record = asyncio.run(smoke_rollout(plan, stack))
+        try:
+            record = asyncio.run(smoke_rollout(plan, stack))
+        except CliError as err:  # a service stopped meanwhile
+            write_run_file(plan, model_path, "failed", error=str(err))
+            raise
         problem = smoke_problem(record, agent_log(stack, record["rollout_id"]))
         if problem:
             write_run_file(plan, model_path, "failed", error=problem)
@@ -393,17 +402,24 @@ def _train_in(
     out.write(f"run {plan.run_id}: {verb}, {what}, {plan.placement} (trainer log: {log_path})\n")
     out.flush()
     metrics_path = plan.output / METRICS_FILE
-    with trainer_process(argv, env, log_path) as proc:
-        follow(
-            proc,
-            trainer_metrics,
-            out,
-            records,
-            total=plan.steps,
-            history=metrics_path,
-            multi_turn=plan.multi_turn,
-            val_label=plan.val_label,
-        )
+    try:
+        with trainer_process(argv, env, log_path) as proc:
+            follow(
+                proc,
+                trainer_metrics,
+                out,
+                records,
+                total=plan.steps,
+                history=metrics_path,
+                multi_turn=plan.multi_turn,
+                val_label=plan.val_label,
+                check=lambda: check_services(stack),
+            )
+    except CliError as err:  # a service stopped under the trainer (the trainer is stopped with it)
+        with contextlib.suppress(Exception):
+            asyncio.run(mark_run(stack, plan.run_id, str(err)))
+        write_run_file(plan, model_path, "failed", error=str(err))
+        raise
     if proc.returncode != 0:
         why = trainer_error(log_path)
         asyncio.run(mark_run(stack, plan.run_id, f"the trainer exited with {proc.returncode}: {why}"))

@@ -12,10 +12,10 @@ import contextlib
 import os
 import secrets
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from services._gen.agl.v1 import model_pb2
 from services.client import LedgerClient
@@ -26,6 +26,10 @@ from . import lora as lora_module
 CHECKOUT = Path(__file__).resolve().parents[3]
 COMPOSE = CHECKOUT / "deploy" / "docker-compose.yaml"
 KEY_FILE = "key"
+# How often a wait on the stack (the smoke rollout, the trainer) looks whether every service still runs.
+SERVICE_POLL_S = 0.5
+
+T = TypeVar("T")
 
 
 def local_stack() -> Any:
@@ -107,11 +111,13 @@ def running_stack(
     tool_call_parser: str = "hermes",
     console: bool = True,
     lora: tuple[int, int] = (0, 0),
+    ports: Mapping[tuple[str, int], int] | None = None,
 ) -> Iterator[Stack]:
     """Ledger (SQLite under folder/stack), proxy, controller, the CPU engine when model_dir is given, and the
     console; the agent's import path goes to the controller. `lora` (rank, alpha): the engine serves the base model
     as `<model>-base` and loads adapters of that rank under the model's name, starting with one that changes
-    nothing (train/lora.py)."""
+    nothing (train/lora.py). `ports`: local ports to use by (service, container port); free ones otherwise. A
+    service that exits before it is healthy stops the start at once (CliError with the end of its log)."""
     stack_module = local_stack()
     key, key_file = write_key(folder)
     wanted = ["ledger", "proxy", "controller", *(["engine"] if model_dir else []), *(["console"] if console else [])]
@@ -139,7 +145,7 @@ def running_stack(
     if model_dir and lora_rank:
         overrides["engine"]["AGL_ENGINE_LORA_RANK"] = str(lora_rank)
         overrides["engine"]["AGL_ENGINE_SERVED_MODEL_NAME"] = lora_module.engine_model_name(model_name)
-    plans = stack_module.localize(specs, data_dir, overrides)
+    plans = stack_module.localize(specs, data_dir, overrides, ports)
     # The controller's agents import the user's modules from where agl runs (the agent runner follows PYTHONPATH).
     user_path = os.environ.get("PYTHONPATH", "")
     parts = [*agent_path, *user_path.split(os.pathsep)]
@@ -192,6 +198,30 @@ def running_stack(
         os.environ["PYTHONPATH"] = user_path
         if not user_path:
             os.environ.pop("PYTHONPATH", None)
+
+
+def check_services(stack: Stack) -> None:
+    """CliError naming the service that stopped (its exit status and the end of its log), if one did: a wait on the
+    stack ends within a poll of a service's death instead of at its own deadline."""
+    problem = local_stack().exited(stack.services)
+    if problem:
+        raise CliError(f"a service stopped: {problem}")
+
+
+async def while_services_run(stack: Stack, work: Awaitable[T]) -> T:
+    """work's result, or CliError (check_services) as soon as a service of the stack stops; work is then cancelled."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=SERVICE_POLL_S)
+            if done:
+                return task.result()
+            check_services(stack)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def child_environment(extra: Mapping[str, str]) -> dict[str, str]:
