@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from services._gen.agl.v1 import rollout_pb2, run_pb2
+from services._gen.agl.v1 import run_pb2
 
 from ..errors import FAILURE, USAGE
 from . import checks, collect, export, lora, options, report
@@ -242,36 +242,12 @@ async def clear_stale_pause(stack: Stack) -> str:
 async def smoke_rollout(plan: TrainPlan, stack: Stack) -> dict[str, Any]:
     """One rollout of the first task through the whole stack (greedy, as validation runs), before training."""
     rollout_id = f"{plan.run_id}-smoke-{int(time.time())}"
-    config = rollout_pb2.RolloutConfig(
-        timeout_seconds=plan.rollout_timeout,
-        local=rollout_pb2.LocalLaunchConfig(
-            agent_class=plan.agent_class, command=list(plan.command), env_map=plan.env_map
-        ),
-    )
     labels = {SMOKE_LABEL: plan.run_id}
-    spec = rollout_pb2.RolloutSpec(
-        rollout_id=rollout_id,
-        input_json=json.dumps(plan.tasks[0]),
-        is_train=False,
-        config=config,
-        metadata=rollout_pb2.RolloutMetadata(labels=labels),
-    )
+    spec = collect.agent_spec(plan, rollout_id, plan.tasks[0], labels, is_train=False)
     async with stack.client() as client:
         [record] = await collect.run_rollouts(client, [spec], labels, deadline_s=plan.rollout_timeout + 120)
         await client.delete_rollouts([rollout_id])
     return record
-
-
-def smoke_problem(record: Mapping[str, Any], log: Path) -> str | None:
-    failed = collect.failure_line(record)
-    if failed:
-        return f"{failed} (agent log: {log})"
-    if not record["calls"]:
-        return f"{record['rollout_id']}: the agent made no model call through AGL_OPENAI_BASE_URL (agent log: {log})"
-    bad = [call for call in record["calls"] if call.get("http_status", 200) >= 400]
-    if bad:
-        return f"{record['rollout_id']}: a model call got HTTP {bad[0]['http_status']} (agent log: {log})"
-    return None
 
 
 def raise_on_signals() -> dict[int, Any]:
@@ -377,7 +353,7 @@ def _train_in(
         out.write("smoke rollout: the agent on the first task through the stack...\n")
         out.flush()
         record = asyncio.run(smoke_rollout(plan, stack))
-        problem = smoke_problem(record, agent_log(stack, record["rollout_id"]))
+        problem = collect.rollout_problem(record, agent_log(stack, record["rollout_id"]))
         if problem:
             write_run_file(plan, model_path, "failed", error=problem)
             out.write(f"agl train: the smoke rollout failed, nothing was trained: {problem}\n")
