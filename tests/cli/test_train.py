@@ -73,7 +73,9 @@ def workdir(tmp_path: Path) -> Path:
 
 
 def _env() -> dict[str, str]:
-    return {key: value for key, value in os.environ.items() if not key.startswith("AGL_") and key != "PYTHONPATH"}
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AGL_") and key != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])  # this checkout's code, as the installed script runs
+    return env
 
 
 def agl(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
