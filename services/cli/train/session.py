@@ -176,10 +176,12 @@ def follow(
     history: Path | None = None,
     multi_turn: bool = False,
     val_label: str = "held-out reward",
+    warnings: report.TrainerWarnings | None = None,
 ) -> list[dict[str, Any]]:
     """Prints each step the trainer logs until it exits, and appends it to the run's history (verl's file logger
     starts its file anew at every launch, so a resumed run would lose the steps before). Records go into `records`
-    as they come (an interruption still knows the last step)."""
+    as they come (an interruption still knows the last step). warnings: the trainer's log, whose health warnings the
+    step lines name."""
     started = time.monotonic()
     offset = 0
     while True:
@@ -198,7 +200,10 @@ def follow(
             done_here = step - int(records[0]["step"])
             # The pace of this launch (a resumed run does not count the steps it inherited), as progress_bar wants it.
             elapsed = (time.monotonic() - started) / done_here * step if done_here > 0 else None
-            line = report.step_line(record, total, multi_turn=multi_turn, val_label=val_label, elapsed_s=elapsed)
+            named = warnings.read().get(step, []) if warnings is not None else []
+            line = report.step_line(
+                record, total, multi_turn=multi_turn, val_label=val_label, elapsed_s=elapsed, warnings=named
+            )
             out.write(line + "\n")
             out.flush()
         if done:
@@ -369,6 +374,7 @@ def _train_in(
     out.write(f"run {plan.run_id}: {verb}, {what}, {plan.placement} (trainer log: {log_path})\n")
     out.flush()
     metrics_path = plan.output / METRICS_FILE
+    warnings = report.TrainerWarnings(log_path)  # before the launch: what this launch logs
     with trainer_process(argv, env, log_path) as proc:
         follow(
             proc,
@@ -379,6 +385,7 @@ def _train_in(
             history=metrics_path,
             multi_turn=plan.multi_turn,
             val_label=plan.val_label,
+            warnings=warnings,
         )
     if proc.returncode != 0:
         why = trainer_error(log_path)
