@@ -133,7 +133,7 @@ def test_a_mistake_while_the_agent_runs_is_one_line_within_10s(workdir: Path, mi
     run = agl_try(*argv, "--data", "math.jsonl", cwd=workdir)
     assert run.code == 1, run.out + run.err
     [(reported, line)] = [(at, line) for at, line in run.lines if line.startswith("agl try:")]
-    assert expected in line and "(agent log: " in line, line
+    assert expected in line and line.count(f"{workdir}/agl-runs/try-") == 1, line  # its agent log, named once
     assert "and 3 more rollout(s) with a problem" in line  # the four tasks met the same mistake
     took = reported - run.seen("services up in")
     print(f"{mistake}: {took:.1f}s after the services were up: {line}")

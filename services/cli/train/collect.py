@@ -156,7 +156,8 @@ def rollout_problem(record: Mapping[str, Any], log: Path) -> str | None:
     if failed:
         if not record["calls"] and any(name in failed for name in _CONNECTION_ERRORS):
             failed += " (no call reached AGL_OPENAI_BASE_URL: does the agent use it as its base URL?)"
-        return f"{failed} (agent log: {log})"
+        # The controller's reason names the agent's log already when the agent ran (not when it could not start).
+        return failed if str(log) in failed else f"{failed} (agent log: {log})"
     if not record["calls"]:
         return f"{record['rollout_id']}: the agent made no model call through AGL_OPENAI_BASE_URL (agent log: {log})"
     bad = [call for call in record["calls"] if call.get("http_status", 200) >= 400]

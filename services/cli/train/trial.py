@@ -32,7 +32,7 @@ from .session import Interrupted, agent_log, raise_on_signals
 from .stack import Stack, running_stack
 
 TRY_LABEL = "agl_try"
-TEXT_CHARS = 100  # of a prompt's last message and of an answer, as shown
+TEXT_CHARS = 100  # of a prompt's end and of an answer, as shown
 # Options of `agl try` itself; any other key of agl train's --config file is a training option it leaves alone.
 TRY_OPTIONS = ("data", "tasks", "model", "agent_class", "command", "env_map", "rollout_timeout", "max_prompt_length",
                "max_response_length")  # fmt: skip
