@@ -1,4 +1,4 @@
-"""`agl train`, `agl eval`, `agl export`: commands that start their own services (services/cli/train/)."""
+"""`agl train`, `agl try`, `agl eval`, `agl export`: commands that start their own services (services/cli/train/)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from .train import options
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     options.add_train_parser(sub).set_defaults(local_handler=_train)
+    options.add_try_parser(sub).set_defaults(local_handler=_try)
     options.add_eval_parser(sub).set_defaults(local_handler=_eval)
     options.add_export_parser(sub).set_defaults(local_handler=_export)
 
@@ -18,6 +19,12 @@ def _train(args: argparse.Namespace) -> int:
     from .train.session import run_train_command
 
     return run_train_command(args)
+
+
+def _try(args: argparse.Namespace) -> int:
+    from .train.trial import run_try_command
+
+    return run_try_command(args)
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -142,7 +142,7 @@ def create_app(config: ConsoleConfig, client: LedgerClient | None = None) -> Sta
             return to_login(request)
         run_id = request.path_params["run_id"]
         try:
-            data = await pages.run_detail(mirror, run_id)
+            data = await pages.run_detail(mirror, run_id, request.query_params.getlist("chart"))
         except LedgerError as err:
             return ledger_error(request, err)
         return render("run.html.j2", request, watch=f"run:{run_id}", **data)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from services._gen.agl.v1 import rollout_pb2, run_pb2
@@ -18,6 +18,13 @@ LABEL_RUN, LABEL_STEP, LABEL_GROUP = "agl_run", "agl_step", "agl_group"
 STATES = ("queuing", "running", "succeeded", "failed")
 # The reward curve: the first of these a run reports.
 REWARD_METRICS = ("agl/reward/mean", "critic/score/mean", "agl/reward_mean", "critic/rewards/mean")
+# The held-out reward: the first of these a run reports (the trainer's own, then verl's names under val/).
+VAL_REWARD_METRICS = ("val/agl/reward_mean", *(f"val/{name}" for name in REWARD_METRICS))
+# Metrics AGL and verl write; any other name is the user's own (charted by default, after the held-out reward).
+SYSTEM_PREFIXES = ("agl/", "critic/", "actor/", "timing_s/", "timing_per_token_ms/", "perf/", "response_length/",
+                   "prompt_length/", "training/", "global_seqlen/", "response/", "prompt/", "val-aux/",
+                   "val-core/")  # fmt: skip
+# Charts besides the reward curve when the page is opened without a choice (?chart=NAME picks others).
 MAX_VAL_CHARTS = 4
 MAX_GROUP_ROLLOUTS = 256
 
@@ -175,14 +182,30 @@ def _series(steps: list[run_pb2.RunStep], name: str) -> list[tuple[int, float]]:
     return [(s.step, s.metrics[name]) for s in steps if name in s.metrics]
 
 
-async def run_detail(mirror: Mirror, run_id: str) -> dict[str, Any]:
+def users_metric(name: str) -> bool:
+    """A metric the user's agent or config made, not one AGL or verl writes (a val/ copy of either included)."""
+    bare = name.removeprefix("val/")
+    return not bare.startswith(SYSTEM_PREFIXES) and bare not in REWARD_METRICS
+
+
+def default_charts(names: Sequence[str]) -> list[str]:
+    """The metrics charted when the user chose none: the held-out reward first, then the user's own metrics
+    (validation's before training's), MAX_VAL_CHARTS in all."""
+    held_out = next((n for n in VAL_REWARD_METRICS if n in names), None)
+    own = sorted((n for n in names if users_metric(n)), key=lambda n: (not n.startswith("val/"), n))
+    return [*([held_out] if held_out else []), *own][:MAX_VAL_CHARTS]
+
+
+async def run_detail(mirror: Mirror, run_id: str, chosen: Sequence[str] = ()) -> dict[str, Any]:
+    """chosen: the metrics to chart besides the reward (?chart=NAME, repeated); none: default_charts."""
     run = await mirror.client.get_run(run_id)
     steps = await mirror.client.list_run_steps(run_id)
     names: dict[str, None] = {}
     for step in steps:
         names.update(dict.fromkeys(step.metrics))
     reward_name = next((n for n in REWARD_METRICS if n in names), "")
-    val_names = [n for n in sorted(names) if n.startswith("val/")][:MAX_VAL_CHARTS]
+    picked = [n for n in dict.fromkeys(chosen) if n in names]
+    val_names = picked or default_charts(list(names))
     chart_list = [charts.line_chart(f"reward: {reward_name}" if reward_name else "reward", _series(steps, reward_name))]
     chart_list += [charts.line_chart(n, _series(steps, n)) for n in val_names]
     latest = steps[-1] if steps else None
@@ -198,6 +221,8 @@ async def run_detail(mirror: Mirror, run_id: str) -> dict[str, Any]:
         "run": _run_row(run),
         "config": run.config_json,
         "charts": chart_list,
+        "charted": val_names,
+        "metric_names": sorted(n for n in names if n != reward_name),
         "timing": charts.bars(f"time per phase, step {latest.step}" if latest else "time per phase", timing),
         "latest": sorted(latest.metrics.items()) if latest else [],
         "latest_step": latest.step if latest else None,
@@ -246,8 +271,9 @@ async def health_rollouts(mirror: Mirror, run_id: str, step: int, metric: str) -
 
 
 async def _groups(mirror: Mirror, run_id: str) -> dict[str, Any]:
-    """The latest step's rollouts still in the ledger, by group, with rewards and advantages (reward minus the
-    group's mean reward, as GRPO computes it before any normalisation)."""
+    """The latest step's rollouts still in the ledger, by group, with rewards and advantages. The advantage is the
+    one the trainer used for the rollout's rows, as it recorded it (agl_training_rows): the same number the rollout
+    page and the health page show; None where the trainer recorded none (not consumed yet, or left out)."""
     rollouts = [r for r in mirror.rollouts.values() if r.metadata.labels.get(LABEL_RUN) == run_id]
     steps = [int(s) for s in {r.metadata.labels.get(LABEL_STEP, "") for r in rollouts} if s.isdigit()]
     if not steps:
@@ -255,31 +281,30 @@ async def _groups(mirror: Mirror, run_id: str) -> dict[str, Any]:
     step = max(steps)
     chosen = [r for r in rollouts if r.metadata.labels.get(LABEL_STEP) == str(step)][:MAX_GROUP_ROLLOUTS]
 
-    async def reward(rollout: rollout_pb2.Rollout) -> float | None:
+    async def scored(rollout: rollout_pb2.Rollout) -> tuple[float | None, float | None]:
         if not rollout.status.attempt_id:
-            return None
-        return reward_of(await mirror.client.list_events(rollout.rollout_id, event_type="reward"))
+            return None, None
+        rewards, rows = await asyncio.gather(
+            mirror.client.list_events(rollout.rollout_id, event_type="reward"),
+            mirror.client.list_events(rollout.rollout_id, event_type=training.ROWS_EVENT),
+        )
+        record = next((t for t in training.training_records(rows) if t.step == step), None)
+        return reward_of(rewards), None if record is None else record.advantage
 
-    rewards = await asyncio.gather(*(reward(r) for r in chosen))
-    grouped: dict[str, list[tuple[rollout_pb2.Rollout, float | None]]] = {}
-    for rollout, value in zip(chosen, rewards, strict=True):
-        grouped.setdefault(rollout.metadata.labels.get(LABEL_GROUP, "-"), []).append((rollout, value))
+    results = await asyncio.gather(*(scored(r) for r in chosen))
+    grouped: dict[str, list[tuple[rollout_pb2.Rollout, float | None, float | None]]] = {}
+    for rollout, (value, advantage) in zip(chosen, results, strict=True):
+        grouped.setdefault(rollout.metadata.labels.get(LABEL_GROUP, "-"), []).append((rollout, value, advantage))
     groups = []
     for name, members in sorted(grouped.items()):
-        known = [v for _, v in members if v is not None]
-        mean = statistics.fmean(known) if known else None
+        known = [v for _, v, _ in members if v is not None]
         groups.append(
             {
                 "name": name,
-                "mean": mean,
+                "mean": statistics.fmean(known) if known else None,
                 "members": [
-                    {
-                        "id": r.rollout_id,
-                        "state": state_name(r.status.state),
-                        "reward": v,
-                        "advantage": None if v is None or mean is None else v - mean,
-                    }
-                    for r, v in members
+                    {"id": r.rollout_id, "state": state_name(r.status.state), "reward": v, "advantage": a}
+                    for r, v, a in members
                 ],
             }
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,7 +74,9 @@ def workdir(tmp_path: Path) -> Path:
 
 
 def _env() -> dict[str, str]:
-    return {key: value for key, value in os.environ.items() if not key.startswith("AGL_") and key != "PYTHONPATH"}
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AGL_") and key != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])  # this checkout's code, as the installed script runs
+    return env
 
 
 def agl(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -286,7 +289,7 @@ def test_an_agent_that_fails_stops_before_training_with_its_own_error(workdir: P
     assert result.returncode == 2, result.stdout[-3000:]
     line = next(line for line in result.stdout.splitlines() if "smoke rollout failed" in line)
     assert "RuntimeError: the shop is closed today" in line
-    log = Path(line.split("(agent log: ")[1].rstrip(")"))
+    log = Path(re.search(r"\((?:agent )?log: ([^)]+)\)", line).group(1))  # type: ignore[union-attr]
     assert log.is_file() and "the shop is closed today" in log.read_text()
     assert "run closed: " not in result.stdout  # the trainer never started
     assert json.loads((workdir / "agl-runs" / "closed" / "run.json").read_text())["state"] == "failed"

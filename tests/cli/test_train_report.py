@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import io
+import logging
 from pathlib import Path
 
 from services.cli.train import report
+from services.trainer import guardrails, health
 
 
 def _step(step: int, **data: float) -> dict:
@@ -70,3 +72,30 @@ def test_a_resumed_launch_replaces_the_steps_it_does_again_in_the_history(tmp_pa
     assert steps() == [0, 1, 2]
     assert report.forget_redone_steps(history, {"step": 4, "data": {"training/global_step": 4}}) == 0
     assert report.forget_redone_steps(tmp_path / "absent.jsonl", {"step": 1, "data": {}}) == 0
+
+
+def test_a_step_line_names_its_health_warnings_from_the_trainer_log(tmp_path: Path) -> None:
+    """The warnings the trainer's guardrails log (with the trainer's log format) are named on their step's line."""
+    log_path = tmp_path / "trainer.log"
+    log_path.write_text(
+        "2026-01-01 00:00:00,000 WARNING services.trainer.guardrails: health warning: step 5: "
+        "agl/health/failed_calls=0.5 (1 of 2) over the warning limit 0.05\n"
+    )  # an earlier launch's
+    warnings = report.TrainerWarnings(log_path)
+    handler = logging.FileHandler(log_path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))  # the trainer's
+    logger = logging.getLogger(guardrails.__name__)
+    logger.addHandler(handler)
+    try:
+        step_health = health.StepHealth(
+            shares={"truncated_calls": health.Share(31, 32, ["r1"]), "failed_calls": health.Share(0, 32)}
+        )
+        guard = guardrails.Guardrails(guardrails.parse_limits(None))
+        assert guard.enforce(5, step_health, ["truncated_calls", "failed_calls"]) == 1
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    record = _step(5, **{"agl/reward/mean": 0.5, "agl/health/warnings": 1.0})
+    line = report.step_line(record, 10, warnings=warnings.read().get(5, []))
+    assert line.endswith("health warnings: truncated_calls=0.9688 (31 of 32)"), line
+    assert "failed_calls" not in line  # under its limit here; over it only in the earlier launch's line

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
 from services.client import LedgerClient
@@ -43,6 +43,12 @@ def call(rollout_id: str, user: str, answer: str) -> event_pb2.Event:
 
 def reward(rollout_id: str, value: float) -> event_pb2.Event:
     return event_pb2.Event(rollout_id=rollout_id, reward=event_pb2.Reward(value=value, source="judge"))
+
+
+def training_rows(rollout_id: str, step: int, reward_value: float, advantage: float) -> event_pb2.Event:
+    """The trainer's record of what it made of a rollout (services/trainer/row_records.py), rows left out."""
+    data = {"step": step, "reward": reward_value, "advantage": advantage, "kept": True, "left_out": "", "rows": []}
+    return event_pb2.Event(rollout_id=rollout_id, event_type="agl_training_rows", data_json=json.dumps(data))
 
 
 def sign_in(browser, console, key: str = KEY, path: str = "/") -> None:
@@ -164,9 +170,12 @@ async def test_run_page_charts_the_run_and_adds_points_live(browser, console, le
             metrics = {"critic/score/mean": step / 4, "val/agl/reward_mean": step / 10, "timing_s/gen": 1.0 + step}
             await progress.report_step(client, run_id, step, metrics)
         await client.create_rollouts([spec(f"{uid}-r{i}", run_id, step=3, group=f"g{i // 2}") for i in range(4)])
+        # The trainer's advantages (group g0 normalised by its standard deviation); r3 not consumed yet.
         for i, value in enumerate((1.0, 0.0, 1.0, 1.0)):
             await client.update_status(f"{uid}-r{i}", RUNNING, attempt_id="a1")
             await client.append_events([reward(f"{uid}-r{i}", value)])
+            if i < 3:
+                await client.append_events([training_rows(f"{uid}-r{i}", 3, value, (0.7071, -0.7071, 0.0)[i])])
             await client.update_status(f"{uid}-r{i}", SUCCEEDED)
         sign_in(browser, console, path=f"/runs/{run_id}")
 
@@ -180,14 +189,55 @@ async def test_run_page_charts_the_run_and_adds_points_live(browser, console, le
         groups = browser.find_element(By.ID, "groups").text
         assert "g0 (mean 0.5)" in groups and "g1 (mean 1)" in groups
         rows = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#groups tr")]
-        assert any(f"{uid}-r0" in r and r.endswith("1 0.5") for r in rows)
-        assert any(f"{uid}-r1" in r and r.endswith("0 -0.5") for r in rows)
+        # One advantage everywhere: the trainer's, not the reward minus the group's mean (0.5 and -0.5 here).
+        assert any(f"{uid}-r0" in r and r.endswith("1 0.7071") for r in rows), rows
+        assert any(f"{uid}-r1" in r and r.endswith("0 -0.7071") for r in rows), rows
+        assert any(f"{uid}-r3" in r and r.endswith("1 -") for r in rows), rows
         screenshot("run")
         await progress.report_step(client, run_id, 4, {"critic/score/mean": 0.9})
         WebDriverWait(browser, LIVE_S).until(lambda d: len(points("reward: critic/score/mean")) == 4)
         assert points("reward: critic/score/mean")[-1] == ("4", "0.9")
         browser.get(console.url + "/runs")
         assert run_id in browser.find_element(By.ID, "runs").text
+
+
+async def test_run_page_charts_the_held_out_reward_and_the_users_metrics_first(browser, console, ledger):
+    """Not the first val/* metrics in alphabetical order (flat zeros of the system's own) but the held-out reward,
+    then the user's own metrics; the picker charts any other metric instead."""
+    run_id = f"val-{uuid.uuid4().hex[:8]}"
+    async with LedgerClient(ledger.address, KEY) as client:
+        await progress.start_run(client, run_id, {"model": "tiny"}, {"algorithm": "grpo"})
+        for step in (1, 2):
+            metrics = {
+                "agl/reward/mean": step / 4,
+                "val/agl/async/consumed_age/max": 0.0,
+                "val/agl/calls/failed": 0.0,
+                "val/agl/calls/per_rollout": 1.0,
+                "val/agl/health/failed_calls": 0.0,
+                "val/agl/reward_mean": 0.2 + step / 10,
+                "val/exact_match": step / 2,
+                "timing_s/gen": 1.0,
+            }
+            await progress.report_step(client, run_id, step, metrics)
+    sign_in(browser, console, path=f"/runs/{run_id}")
+
+    def charted() -> list[str]:
+        found = browser.find_elements(By.CSS_SELECTOR, "#charts svg[data-chart], #charts p[data-chart]")
+        return [e.get_attribute("data-chart") for e in found]
+
+    assert charted()[:3] == ["reward: agl/reward/mean", "val/agl/reward_mean", "val/exact_match"], charted()
+    assert not any(name.startswith("val/agl/async") or name.startswith("val/agl/calls") for name in charted())
+    points = browser.find_elements(By.CSS_SELECTOR, 'svg[data-chart="val/agl/reward_mean"] circle.point')
+    assert [p.get_attribute("data-value") for p in points] == ["0.3", "0.4"]
+    # The picker: choose a system metric; the page charts it (and only it) beside the reward.
+    picker = Select(browser.find_element(By.ID, "chart-select"))
+    assert [o.get_attribute("value") for o in picker.all_selected_options] == ["val/agl/reward_mean", "val/exact_match"]
+    picker.deselect_all()
+    picker.select_by_value("val/agl/calls/per_rollout")
+    browser.find_element(By.ID, "chart-show").click()
+    WebDriverWait(browser, 10).until(lambda d: "chart=val%2Fagl%2Fcalls%2Fper_rollout" in d.current_url)
+    assert charted()[:2] == ["reward: agl/reward/mean", "val/agl/calls/per_rollout"], charted()
+    assert "val/agl/reward_mean" not in charted()
 
 
 async def test_rollouts_list_filters_and_shows_new_rollouts_live(browser, console, ledger, screenshot):

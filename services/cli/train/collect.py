@@ -1,12 +1,14 @@
-"""Rollouts run outside a training step (the smoke rollout before training, `agl eval`, the quick demo): create
-them, follow the terminal stream until each has ended, and turn each into one plain record."""
+"""Rollouts run outside a training step (the smoke rollout before training, `agl try`, `agl eval`, the quick demo):
+build them from the agent's options, create them, follow the terminal stream until each has ended, turn each into
+one plain record, and say in one line what went wrong with one."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from services._gen.agl.v1 import rollout_pb2
 from services.client import LedgerClient
@@ -18,6 +20,34 @@ STATE_NAMES = {
     rollout_pb2.ROLLOUT_STATE_FAILED: "failed",
 }
 REFUSED_EVENT = "proxy_refused_event"  # the proxy's warning when it refuses an agent's event (services/proxy)
+
+
+class AgentLaunch(Protocol):
+    """How the agent runs (a TrainPlan, an AgentPlan: services/cli/train/plan.py)."""
+
+    agent_class: str
+    command: tuple[str, ...]
+    env_map: dict[str, str]
+    rollout_timeout: float
+
+
+def agent_spec(
+    agent: AgentLaunch, rollout_id: str, task: Any, labels: Mapping[str, str], *, is_train: bool
+) -> rollout_pb2.RolloutSpec:
+    """One rollout of the agent on task, launched by the local runner as the trainer's rollouts are."""
+    config = rollout_pb2.RolloutConfig(
+        timeout_seconds=agent.rollout_timeout,
+        local=rollout_pb2.LocalLaunchConfig(
+            agent_class=agent.agent_class, command=list(agent.command), env_map=agent.env_map
+        ),
+    )
+    return rollout_pb2.RolloutSpec(
+        rollout_id=rollout_id,
+        input_json=json.dumps(task),
+        is_train=is_train,
+        config=config,
+        metadata=rollout_pb2.RolloutMetadata(labels=dict(labels)),
+    )
 
 
 def trajectory(entry: Any) -> dict[str, Any]:
@@ -112,3 +142,25 @@ async def run_rollouts(
     await attach_proxy_warnings(client, records)
     order = {spec.rollout_id: index for index, spec in enumerate(specs)}
     return sorted(records, key=lambda record: order.get(record["rollout_id"], len(order)))
+
+
+# What a Python agent raises when nothing answers at its base URL (the OpenAI SDK's, httpx's, requests').
+_CONNECTION_ERRORS = ("APIConnectionError", "ConnectError", "ConnectionError", "Connection refused")
+
+
+def rollout_problem(record: Mapping[str, Any], log: Path) -> str | None:
+    """The one line that says what went wrong with a rollout of the agent (None when nothing did): it failed (with
+    the controller's reason, which ends with the agent's last line), posted no reward, made no model call or had
+    a call refused."""
+    failed = failure_line(record)
+    if failed:
+        if not record["calls"] and any(name in failed for name in _CONNECTION_ERRORS):
+            failed += " (no call reached AGL_OPENAI_BASE_URL: does the agent use it as its base URL?)"
+        # The controller's reason names the agent's log already when the agent ran (not when it could not start).
+        return failed if str(log) in failed else f"{failed} (agent log: {log})"
+    if not record["calls"]:
+        return f"{record['rollout_id']}: the agent made no model call through AGL_OPENAI_BASE_URL (agent log: {log})"
+    bad = [call for call in record["calls"] if call.get("http_status", 200) >= 400]
+    if bad:
+        return f"{record['rollout_id']}: a model call got HTTP {bad[0]['http_status']} (agent log: {log})"
+    return None

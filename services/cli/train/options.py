@@ -52,7 +52,9 @@ positive_float = bounded(float, 0, strict=True)
 non_negative_float = bounded(float, 0)
 
 
-def _add_agent_options(parser: argparse.ArgumentParser) -> None:
+def _add_agent_options(parser: argparse.ArgumentParser, *, engine: bool = True) -> None:
+    """The options that say which agent runs and how (shared by train, eval and try). engine: the engine's own
+    option (--tool-call-parser); `agl try`'s stand-in engine has no tool-call parser to choose."""
     group = parser.add_argument_group("the agent and its tasks")
     which = group.add_mutually_exclusive_group()
     which.add_argument("--agent-class", help="the agent as module:Class (importable from this directory)")
@@ -71,11 +73,12 @@ def _add_agent_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--max-response-length", type=positive_int, default=None, help="tokens of a response (tiny 256, else 1024)"
     )
-    group.add_argument(
-        "--tool-call-parser",
-        default=None,
-        help="vLLM's parser for the model's tool calls (hermes; e.g. llama3_json, mistral; none: no tools)",
-    )
+    if engine:
+        group.add_argument(
+            "--tool-call-parser",
+            default=None,
+            help="vLLM's parser for the model's tool calls (hermes; e.g. llama3_json, mistral; none: no tools)",
+        )
     group.add_argument("--config", type=Path, help="a YAML file with any of these options (flags win)")
 
 
@@ -116,6 +119,27 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         "--allow-no-learning", action="store_true", help="exit 0 even when no step had a learning signal"
     )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides for the trainer")
+    return p
+
+
+def add_try_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "try",
+        help="try your agent on a few tasks in seconds, before you train (a stand-in engine, no training)",
+        description="Starts the ledger, the proxy, the controller and the stand-in engine (vLLM-shaped, no model), "
+        "runs the agent on the first --tasks tasks, and shows each rollout's model calls, its reward and the rows "
+        "training would take from it. Every problem is one line; the exit code is 0 only when every rollout "
+        "succeeded with a reward. It takes the options of `agl train` that say which agent runs (and the same "
+        "--config file, whose training-only keys it leaves to agl train).",
+    )
+    p.add_argument("--data", type=Path, help="the tasks: JSONL (one JSON object per line), JSON or parquet")
+    p.add_argument("--tasks", type=positive_int, default=None, help="how many of the first tasks to run (4)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="the model agl train will train ('tiny' or a directory): only its row limits are used here",
+    )
+    _add_agent_options(p, engine=False)
     return p
 
 
@@ -167,6 +191,13 @@ EVAL_DEFAULTS: dict[str, Any] = {
     "tool_call_parser": "hermes",
     "rollout_timeout": 600.0,
     "concurrency": 16,
+}
+TRY_DEFAULTS: dict[str, Any] = {
+    "env_map": [],
+    "tasks": 4,
+    "model": TINY_MODEL,
+    # A try shows mistakes in seconds: an agent still running after a minute is reported as one.
+    "rollout_timeout": 60.0,
 }
 _PATHS = ("data", "val", "output", "model")
 

@@ -18,6 +18,44 @@ from .stack import CHECKOUT
 RUN_FILE = "run.json"
 
 
+@dataclass(frozen=True)
+class AgentPlan:
+    """Which agent runs on which tasks, and how: what `agl train` and `agl try` both check (agent_plan)."""
+
+    data_file: Path
+    tasks: list[Any]
+    agent_class: str
+    command: tuple[str, ...]
+    env_map: dict[str, str]
+    rollout_timeout: float
+    max_prompt_length: int
+    max_response_length: int
+
+
+def agent_plan(args: argparse.Namespace) -> AgentPlan:
+    """The agent's options (merged with --config already) checked: the launch, --env-map against every task of
+    --data (each bad line named by file:line), the row limits for --model, and the agent loaded as the controller
+    will load it (CliError, one line)."""
+    if args.data is None:
+        raise CliError("--data FILE is required (the training tasks, one JSON object per line)", USAGE)
+    agent_class, command = options.agent_launch(args)
+    env_map = options.parse_env_map(args.env_map or [])
+    prompt, response = options.lengths(str(args.model), args.max_prompt_length, args.max_response_length)
+    tasks = checks.load_tasks(Path(args.data))
+    checks.check_env_map(env_map, tasks, Path(args.data))
+    checks.check_agent(agent_class, command, CHECKOUT)
+    return AgentPlan(
+        data_file=Path(args.data).resolve(),
+        tasks=tasks,
+        agent_class=agent_class,
+        command=command,
+        env_map=env_map,
+        rollout_timeout=float(args.rollout_timeout),
+        max_prompt_length=prompt,
+        max_response_length=response,
+    )
+
+
 @dataclass
 class TrainPlan:
     """Everything `agl train` was asked for, checked."""
@@ -71,13 +109,9 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
     options.merge_config(args, options.TRAIN_DEFAULTS, KNOWN)
     if args.data is None:
         raise CliError("--data FILE is required (the training tasks, one JSON object per line)", USAGE)
-    agent_class, command = options.agent_launch(args)
-    env_map = options.parse_env_map(args.env_map or [])
+    options.agent_launch(args)  # a missing agent is named before the run's own options
     overrides = options.check_overrides(args.overrides or [])
     model = str(args.model)
-    args.max_prompt_length, args.max_response_length = options.lengths(
-        model, args.max_prompt_length, args.max_response_length
-    )
     placement = resolve_placement(str(args.placement))
     if args.resume and not args.run_id and not args.output:
         raise CliError("--resume needs the run: --run-id ID (or --output DIR of the run)", USAGE)
@@ -100,18 +134,17 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         if recorded.get("run_id") != run_id:
             raise CliError(f"--resume: {output} holds run {recorded.get('run_id')}, not {run_id}", USAGE)
     started = time.monotonic()
-    tasks = checks.load_tasks(Path(args.data))
+    agent = agent_plan(args)
+    tasks = agent.tasks
     val_tasks = checks.load_tasks(Path(args.val), "--val") if args.val else []
-    checks.check_env_map(env_map, tasks, Path(args.data))
     if val_tasks:
-        checks.check_env_map(env_map, val_tasks, Path(args.val))
+        checks.check_env_map(agent.env_map, val_tasks, Path(args.val))
     if len(tasks) < args.tasks_per_step:
         raise CliError(
             f"--data {args.data}: {len(tasks)} tasks, fewer than --tasks-per-step {args.tasks_per_step}", USAGE
         )
     if model != options.TINY_MODEL:
         model = str(checks.check_model_dir(model))
-    checks.check_agent(agent_class, command, CHECKOUT)
     checks.check_writable(output)
     if placement == "cpu":
         checks.check_engine_installed()
@@ -124,12 +157,12 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
     plan = TrainPlan(
         run_id=run_id,
         output=output,
-        train_file=Path(args.data).resolve(),
+        train_file=agent.data_file,
         val_file=Path(args.val).resolve() if args.val else None,
         tasks=tasks,
-        agent_class=agent_class,
-        command=command,
-        env_map=env_map,
+        agent_class=agent.agent_class,
+        command=agent.command,
+        env_map=agent.env_map,
         model=model,
         placement=placement,
         steps=int(args.steps),
@@ -138,9 +171,9 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         lr=lr,
         val_every=int(args.val_every),
         save_every=int(args.save_every),
-        rollout_timeout=float(args.rollout_timeout),
-        max_prompt_length=int(args.max_prompt_length),
-        max_response_length=int(args.max_response_length),
+        rollout_timeout=agent.rollout_timeout,
+        max_prompt_length=agent.max_prompt_length,
+        max_response_length=agent.max_response_length,
         export_dtype=str(args.export_dtype),
         tool_call_parser=str(args.tool_call_parser),
         resume=bool(args.resume),

@@ -4,6 +4,7 @@ and the reward curve, all from verl's file logger records ({"step": N, "data": {
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -19,6 +20,34 @@ def read_metrics(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
     end = chunk.rfind(b"\n") + 1
     records = [json.loads(line) for line in chunk[:end].splitlines() if line.strip()]
     return records, offset + end
+
+
+# A health warning as the trainer logs it (services/trainer/guardrails.py, breach_line): "health warning: step 5:
+# agl/health/truncated_calls=0.9688 (31 of 32) over the warning limit 0.25; rollouts: ...".
+_WARNING = re.compile(r"health warning: step (\d+): (?:val/)?agl/health/(\w+=\S+(?: \([^)]*\))?) over the")
+
+
+class TrainerWarnings:
+    """The health warnings of each step, read from the trainer's log as it grows (a step's warnings are logged
+    before its metrics record is written)."""
+
+    def __init__(self, log: Path) -> None:
+        """Reads what the log gets from now on: the log of a resumed run holds the warnings of earlier launches,
+        whose step numbers come again."""
+        self.log = log
+        self.offset = log.stat().st_size if log.exists() else 0
+        self.by_step: dict[int, list[str]] = {}
+
+    def read(self) -> dict[int, list[str]]:
+        if self.log.exists():
+            with self.log.open("rb") as source:
+                source.seek(self.offset)
+                chunk = source.read()
+            end = chunk.rfind(b"\n") + 1
+            self.offset += end
+            for found in _WARNING.finditer(chunk[:end].decode(errors="replace")):
+                self.by_step.setdefault(int(found.group(1)), []).append(found.group(2))
+        return self.by_step
 
 
 def forget_redone_steps(history: Path, first: Mapping[str, Any]) -> int:
@@ -56,10 +85,12 @@ def step_line(
     multi_turn: bool = False,
     val_label: str = "held-out reward",
     elapsed_s: float | None = None,
+    warnings: Sequence[str] = (),
 ) -> str:
     """One line per step (ending with a progress bar when elapsed_s is given); for a multi-turn agent a second one
     with what its rollouts did: turns, tool calls (and those that did not parse), trajectory breaks and the
-    context tokens masked in each row."""
+    context tokens masked in each row. warnings: the step's health warnings as the trainer logged them
+    (TrainerWarnings), named on the line; without them the line gives their count."""
     data = record["data"]
     step = record["step"]
 
@@ -86,9 +117,11 @@ def step_line(
         line += f"  {val_label} {num('val/agl/reward_mean')}"
         if multi_turn:
             line += f" (tool-call rate {num('val/agl/tools/call_rate')})"
-    warnings = data.get("agl/health/warnings")
+    count = data.get("agl/health/warnings")
     if warnings:
-        line += f"  health warnings {int(warnings)} (in the trainer log)"
+        line += f"  health warnings: {', '.join(warnings)}"
+    elif count:
+        line += f"  health warnings {int(count)} (in the trainer log)"
     if elapsed_s is not None:
         line += "  " + progress_bar(step, total, elapsed_s)
     if multi_turn:

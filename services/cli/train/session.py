@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from services._gen.agl.v1 import rollout_pb2, run_pb2
+from services._gen.agl.v1 import run_pb2
 
 from ..errors import FAILURE, USAGE, CliError
 from . import checks, collect, export, lora, options, report
@@ -177,11 +177,12 @@ def follow(
     multi_turn: bool = False,
     val_label: str = "held-out reward",
     check: Callable[[], None] | None = None,
+    warnings: report.TrainerWarnings | None = None,
 ) -> list[dict[str, Any]]:
     """Prints each step the trainer logs until it exits, and appends it to the run's history (verl's file logger
     starts its file anew at every launch, so a resumed run would lose the steps before). Records go into `records`
     as they come (an interruption still knows the last step). `check` raises when what the trainer needs stopped
-    (check_services)."""
+    (check_services). warnings: the trainer's log, whose health warnings the step lines name."""
     started = time.monotonic()
     offset = 0
     while True:
@@ -200,7 +201,10 @@ def follow(
             done_here = step - int(records[0]["step"])
             # The pace of this launch (a resumed run does not count the steps it inherited), as progress_bar wants it.
             elapsed = (time.monotonic() - started) / done_here * step if done_here > 0 else None
-            line = report.step_line(record, total, multi_turn=multi_turn, val_label=val_label, elapsed_s=elapsed)
+            named = warnings.read().get(step, []) if warnings is not None else []
+            line = report.step_line(
+                record, total, multi_turn=multi_turn, val_label=val_label, elapsed_s=elapsed, warnings=named
+            )
             out.write(line + "\n")
             out.flush()
         if done:
@@ -246,37 +250,13 @@ async def clear_stale_pause(stack: Stack) -> str:
 async def smoke_rollout(plan: TrainPlan, stack: Stack) -> dict[str, Any]:
     """One rollout of the first task through the whole stack (greedy, as validation runs), before training."""
     rollout_id = f"{plan.run_id}-smoke-{int(time.time())}"
-    config = rollout_pb2.RolloutConfig(
-        timeout_seconds=plan.rollout_timeout,
-        local=rollout_pb2.LocalLaunchConfig(
-            agent_class=plan.agent_class, command=list(plan.command), env_map=plan.env_map
-        ),
-    )
     labels = {SMOKE_LABEL: plan.run_id}
-    spec = rollout_pb2.RolloutSpec(
-        rollout_id=rollout_id,
-        input_json=json.dumps(plan.tasks[0]),
-        is_train=False,
-        config=config,
-        metadata=rollout_pb2.RolloutMetadata(labels=labels),
-    )
+    spec = collect.agent_spec(plan, rollout_id, plan.tasks[0], labels, is_train=False)
     async with stack.client() as client:
         rollouts = collect.run_rollouts(client, [spec], labels, deadline_s=plan.rollout_timeout + 120)
         [record] = await while_services_run(stack, rollouts)
         await client.delete_rollouts([rollout_id])
     return record
-
-
-def smoke_problem(record: Mapping[str, Any], log: Path) -> str | None:
-    failed = collect.failure_line(record)
-    if failed:
-        return f"{failed} (agent log: {log})"
-    if not record["calls"]:
-        return f"{record['rollout_id']}: the agent made no model call through AGL_OPENAI_BASE_URL (agent log: {log})"
-    bad = [call for call in record["calls"] if call.get("http_status", 200) >= 400]
-    if bad:
-        return f"{record['rollout_id']}: a model call got HTTP {bad[0]['http_status']} (agent log: {log})"
-    return None
 
 
 def raise_on_signals() -> dict[int, Any]:
@@ -386,7 +366,7 @@ def _train_in(
         except CliError as err:  # a service stopped meanwhile
             write_run_file(plan, model_path, "failed", error=str(err))
             raise
-        problem = smoke_problem(record, agent_log(stack, record["rollout_id"]))
+        problem = collect.rollout_problem(record, agent_log(stack, record["rollout_id"]))
         if problem:
             write_run_file(plan, model_path, "failed", error=problem)
             out.write(f"agl train: the smoke rollout failed, nothing was trained: {problem}\n")
@@ -402,6 +382,7 @@ def _train_in(
     out.write(f"run {plan.run_id}: {verb}, {what}, {plan.placement} (trainer log: {log_path})\n")
     out.flush()
     metrics_path = plan.output / METRICS_FILE
+    warnings = report.TrainerWarnings(log_path)  # before the launch: what this launch logs
     try:
         with trainer_process(argv, env, log_path) as proc:
             follow(
@@ -414,6 +395,7 @@ def _train_in(
                 multi_turn=plan.multi_turn,
                 val_label=plan.val_label,
                 check=lambda: check_services(stack),
+                warnings=warnings,
             )
     except CliError as err:  # a service stopped under the trainer (the trainer is stopped with it)
         with contextlib.suppress(Exception):

@@ -112,17 +112,20 @@ def running_stack(
     console: bool = True,
     lora: tuple[int, int] = (0, 0),
     ports: Mapping[tuple[str, int], int] | None = None,
+    standin: bool = False,
 ) -> Iterator[Stack]:
     """Ledger (SQLite under folder/stack), proxy, controller, the CPU engine when model_dir is given, and the
     console; the agent's import path goes to the controller. `lora` (rank, alpha): the engine serves the base model
     as `<model>-base` and loads adapters of that rank under the model's name, starting with one that changes
-    nothing (train/lora.py). `ports`: local ports to use by (service, container port); free ones otherwise. A
+    nothing (train/lora.py). `standin`: the stand-in engine (services/standin, vLLM-shaped, no model) serves the
+    model instead (agl try). `ports`: local ports to use by (service, container port); free ones otherwise. A
     service that exits before it is healthy stops the start at once (CliError with the end of its log)."""
     stack_module = local_stack()
     key, key_file = write_key(folder)
-    wanted = ["ledger", "proxy", "controller", *(["engine"] if model_dir else []), *(["console"] if console else [])]
+    engine = "engine" if model_dir else "standin" if standin else ""
+    wanted = ["ledger", "proxy", "controller", *([engine] if engine else []), *(["console"] if console else [])]
     variables = {**os.environ, "AGL_KEY": key}
-    specs = stack_module.load_compose(variables, ["engine", "console"])
+    specs = stack_module.load_compose(variables, ["engine", "standin", "console"])
     specs = {name: specs[name] for name in wanted}
     data_dir = folder / "stack"
     logs = folder / "logs"
@@ -151,6 +154,7 @@ def running_stack(
     parts = [*agent_path, *user_path.split(os.pathsep)]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in parts if p))
     note = " (the engine takes ~40 s)" if model_dir else ""
+    port_of = {"engine": "AGL_ENGINE_PORT", "standin": "AGL_STANDIN_PORT"}
     out.write(f"starting {', '.join(wanted)}{note}; logs in {logs}\n")
     out.flush()
 
@@ -160,9 +164,9 @@ def running_stack(
         # the trainer registers verl's replicas itself.
         if name == "ledger":
             asyncio.run(register_engine(running["ledger"].address(ledger_port), key, model_name))
-        elif name == "engine":
-            port = int(specs["engine"].env["AGL_ENGINE_PORT"])
-            url = f"http://{running['engine'].address(port)}/v1"
+        elif name == engine:
+            port = int(specs[engine].env[port_of[engine]])
+            url = f"http://{running[engine].address(port)}/v1"
             if lora_rank:  # the run's model name exists on the engine before the first push (the smoke rollout)
                 assert model_dir is not None
                 start = lora_module.write_start_adapter(model_dir, folder / "state" / "start-adapter", *lora)
@@ -170,9 +174,9 @@ def running_stack(
             asyncio.run(register_engine(running["ledger"].address(ledger_port), key, model_name, url))
 
     order = stack_module.start_order(specs)
-    if model_dir:
+    if engine:
         order = [name for name in order if name != "controller"]
-        order.insert(order.index("engine") + 1, "controller")
+        order.insert(order.index(engine) + 1, "controller")
     try:
         # The controller stops first: it ends the agents still running as CONTROLLER_SHUTDOWN, an infrastructure
         # failure the resumed trainer retries. Stopped after the proxy or the engine, their calls would fail first
@@ -183,8 +187,8 @@ def running_stack(
             ledger = running["ledger"].address(ledger_port)
             proxy_url = "http://" + running["proxy"].address(int(specs["proxy"].env["AGL_PROXY_PORT"]))
             engine_url = ""
-            if model_dir:
-                engine_url = f"http://{running['engine'].address(int(specs['engine'].env['AGL_ENGINE_PORT']))}/v1"
+            if engine:
+                engine_url = f"http://{running[engine].address(int(specs[engine].env[port_of[engine]]))}/v1"
             console_url = ""
             if console:
                 port = int(specs["console"].env["AGL_CONSOLE_PORT"])
