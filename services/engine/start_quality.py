@@ -106,19 +106,25 @@ def parse_reply(text: str) -> dict[str, Any]:
 class _Generator:
     """Batched turns of one model: left-padded prompts, stopping at the engine's stop tokens."""
 
-    def __init__(self, model_dir: Path, max_new_tokens: int) -> None:
+    def __init__(self, model: Any, tokenizer: Any, max_new_tokens: int) -> None:
+        import torch
+
+        self.torch = torch
+        self.model, self.tokenizer = model, tokenizer
+        self.stops = [tokenizer.convert_tokens_to_ids(t) for t in (EOS_TOKEN, TOOL_CALL_END)]
+        self.max_new_tokens = max_new_tokens
+
+    @classmethod
+    def load(cls, model_dir: Path, max_new_tokens: int) -> _Generator:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
-
-        self.torch = torch
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
-        self.model.eval()
-        self.stops = [self.tokenizer.convert_tokens_to_ids(t) for t in (EOS_TOKEN, TOOL_CALL_END)]
-        self.max_new_tokens = max_new_tokens
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+        model.eval()
+        return cls(model, tokenizer, max_new_tokens)
 
     def replies(self, chats: Sequence[Messages], tools: list[dict[str, Any]] | None, temperature: float) -> list[str]:
         tokenizer, torch = self.tokenizer, self.torch
@@ -184,7 +190,7 @@ def measure(
     threads: int | None = None,
 ) -> StartQuality:
     """The figures of StartQuality for the model in model_dir (greedy on held_out; sampled groups of train)."""
-    generator = _Generator(Path(model_dir), max_new_tokens)
+    generator = _Generator.load(Path(model_dir), max_new_tokens)
     generator.torch.set_num_threads(threads or threads_for_load(0))
     generator.torch.manual_seed(seed)
     greedy = play(generator, loop, held_out, 0.0)
@@ -202,6 +208,14 @@ def measure(
         group_size=group_size,
         temperature=temperature,
     )
+
+
+def greedy_accuracy(
+    model: Any, tokenizer: Any, loop: AgentLoop, tasks: Sequence[Task], max_new_tokens: int = 96
+) -> float:
+    """The greedy accuracy of a model in memory on tasks (a warm start's stopping probe)."""
+    results = play(_Generator(model, tokenizer, max_new_tokens), loop, tasks, 0.0)
+    return sum(r for r, _ in results) / max(1, len(results))
 
 
 def record(model_dir: Path | str, quality: StartQuality) -> None:

@@ -11,7 +11,7 @@ import json
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,10 +65,15 @@ def warm_start(
     seed: int = 1,
     threads: int | None = None,
     tools: Sequence[dict[str, Any]] | None = None,
+    stop_when: Callable[[Any, Any], bool] | None = None,
+    check_every: int = 25,
+    min_steps: int = 0,
 ) -> WarmStartResult:
     """Trains the model in model_dir in place on (messages, answer) pairs and saves it back. `tools` (OpenAI
     function tools) are rendered into every prompt, as the engine renders a request that offers them. `threads`:
-    torch's intra-op threads; None follows the machine's load (threads_for_load)."""
+    torch's intra-op threads; None follows the machine's load (threads_for_load). `stop_when(model, tokenizer)`,
+    asked every `check_every` steps from `min_steps` on (the model in eval mode), ends the run early when true:
+    `steps` is then the most it trains."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as transformers_logging
@@ -92,7 +97,14 @@ def warm_start(
     started = time.perf_counter()
     loss_value = float("nan")
     model.train()
+    trained = 0
     for step in range(steps):
+        if stop_when is not None and step >= min_steps and step % check_every == 0 and step:
+            model.eval()
+            done = stop_when(model, tokenizer)
+            model.train()
+            if done:
+                break
         if threads is None and step and step % LOAD_CHECK_EVERY == 0:
             chosen_threads = threads_for_load(chosen_threads)
             torch.set_num_threads(chosen_threads)
@@ -108,13 +120,15 @@ def warm_start(
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         loss_value = float(loss.detach())
+        trained = step + 1
     seconds = time.perf_counter() - started
     model.save_pretrained(out, safe_serialization=True)
     make_readable(out)
     recipe_path = out / RECIPE_FILE
     recipe = json.loads(recipe_path.read_text()) if recipe_path.exists() else {}
     recipe["warm_start"] = {
-        "steps": steps,
+        "steps": trained,
+        "max_steps": steps,
         "batch_size": batch_size,
         "lr": lr,
         "warmup_steps": warmup_steps,
@@ -124,4 +138,4 @@ def warm_start(
         "tools": [tool.get("function", tool).get("name") for tool in tools or []],
     }
     recipe_path.write_text(json.dumps(recipe, indent=2) + "\n")
-    return WarmStartResult(steps, loss_value, seconds)
+    return WarmStartResult(trained, loss_value, seconds)
