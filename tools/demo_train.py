@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import random
 import shutil
 import signal
 import sys
@@ -157,6 +158,9 @@ def prepare_model(
         "layers": 4,
         "warm_steps": warm_steps,
         "warm_lr": agent.warm_lr,
+        "warm_stop_accuracy": agent.warm_stop_accuracy,
+        "warm_min_steps": agent.warm_min_steps,
+        "warm_examples": agent.warm_examples(train),
         "tasks": train,
     }
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
@@ -172,8 +176,19 @@ def prepare_model(
         out.write(f"model: warm-starting a tiny model on {len(train)} tasks ({warm_steps} supervised steps)...\n")
         out.flush()
         examples = agent.warm_examples(train)
-        result = warm_start(partial, examples, steps=warm_steps, lr=agent.warm_lr, tools=agent.tools)
-        out.write(f"model: warm start {result.seconds:.0f}s (loss {result.loss:.3f}); measuring the start...\n")
+        result = warm_start(
+            partial,
+            examples,
+            steps=warm_steps,
+            lr=agent.warm_lr,
+            tools=agent.tools,
+            stop_when=warm_stop(agent, train, out),
+            min_steps=agent.warm_min_steps,
+        )
+        out.write(
+            f"model: warm start {result.steps} steps in {result.seconds:.0f}s (loss {result.loss:.3f}); "
+            "measuring the start...\n"
+        )
         out.flush()
         quality = start_quality.measure(partial, agent.loop, held_out or train[:64], train)
         start_quality.record(partial, quality)
@@ -187,6 +202,25 @@ def prepare_model(
             f"the warm start {path.name} cannot learn: {refused} (more --warm-start-steps; --any-start trains anyway)"
         )
     return path
+
+
+def warm_stop(agent: DemoAgent, train: Sequence[dict[str, Any]], out: TextIO) -> Any:
+    """The agent's early stop for its warm start (None: it runs its steps): greedy accuracy on a probe of 64
+    training tasks (never the held-out ones) at or above agent.warm_stop_accuracy; each check is printed."""
+    if agent.warm_stop_accuracy is None:
+        return None
+    from services.engine.start_quality import greedy_accuracy
+
+    probe = random.Random(5).sample(list(train), min(64, len(train)))
+    target = agent.warm_stop_accuracy
+
+    def reached(model: Any, tokenizer: Any, step: int) -> bool:
+        accuracy = greedy_accuracy(model, tokenizer, agent.loop, probe)
+        out.write(f"model: step {step}: probe accuracy {accuracy:.3f} (stops at {target})\n")
+        out.flush()
+        return accuracy >= target
+
+    return reached
 
 
 def start_held_out(args: argparse.Namespace, agent: DemoAgent) -> list[dict[str, Any]]:

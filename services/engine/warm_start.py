@@ -65,15 +65,15 @@ def warm_start(
     seed: int = 1,
     threads: int | None = None,
     tools: Sequence[dict[str, Any]] | None = None,
-    stop_when: Callable[[Any, Any], bool] | None = None,
+    stop_when: Callable[[Any, Any, int], bool] | None = None,
     check_every: int = 25,
     min_steps: int = 0,
 ) -> WarmStartResult:
     """Trains the model in model_dir in place on (messages, answer) pairs and saves it back. `tools` (OpenAI
     function tools) are rendered into every prompt, as the engine renders a request that offers them. `threads`:
-    torch's intra-op threads; None follows the machine's load (threads_for_load). `stop_when(model, tokenizer)`,
-    asked every `check_every` steps from `min_steps` on (the model in eval mode), ends the run early when true:
-    `steps` is then the most it trains."""
+    torch's intra-op threads; None follows the machine's load (threads_for_load).
+    `stop_when(model, tokenizer, steps_trained)`, asked every `check_every` steps from `min_steps` on (the model in
+    eval mode), ends the run early when true: `steps` is then the most it trains."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as transformers_logging
@@ -101,7 +101,7 @@ def warm_start(
     for step in range(steps):
         if stop_when is not None and step >= min_steps and step % check_every == 0 and step:
             model.eval()
-            done = stop_when(model, tokenizer)
+            done = stop_when(model, tokenizer, step)
             model.train()
             if done:
                 break
