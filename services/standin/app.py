@@ -66,16 +66,21 @@ class Standin:
         self.adapters = dict(m.split("=", 1) for m in config.lora_modules.split(",") if m)
         self.scale_out = ScaleOut(config.model, self.tokenizer, config.max_model_len)
 
-    async def tokens(self, request: Request, answer: Callable[[dict[str, Any]], dict[str, Any]]) -> Response:
-        """One of the token-level endpoints (scale_out.py), its body kept with the generation requests."""
+    async def _body(self, request: Request) -> dict[str, Any]:
+        """The request's JSON object, kept with the requests received; EngineError (400) for anything else."""
         try:
             body = json.loads(await request.body())
         except ValueError as err:
-            return self._error(EngineError(400, f"Invalid JSON body: {err}"))
+            raise EngineError(400, f"Invalid JSON body: {err}") from err
         if not isinstance(body, dict):
-            return self._error(EngineError(400, "The request body must be a JSON object."))
+            raise EngineError(400, "The request body must be a JSON object.")
         self.received.append({"path": request.url.path, "body": body})
+        return body
+
+    async def tokens(self, request: Request, answer: Callable[[dict[str, Any]], dict[str, Any]]) -> Response:
+        """One of the token-level endpoints (scale_out.py), its body kept with the generation requests."""
         try:
+            body = await self._body(request)
             return JSONResponse(answer(body))
         except EngineError as err:
             return self._error(err)
@@ -83,12 +88,9 @@ class Standin:
     async def generate(self, request: Request, api: str) -> Response:
         self.stats.requests += 1
         try:
-            body = json.loads(await request.body())
-        except ValueError as err:
-            return self._error(EngineError(400, f"Invalid JSON body: {err}"))
-        if not isinstance(body, dict):
-            return self._error(EngineError(400, "The request body must be a JSON object."))
-        self.received.append({"path": request.url.path, "body": body})
+            body = await self._body(request)
+        except EngineError as err:
+            return self._error(err)
         knobs = body.get("standin") if isinstance(body.get("standin"), dict) else {}
         if knobs.get("status"):
             return self._error(EngineError(int(knobs["status"]), knobs.get("message", "Requested failure.")))

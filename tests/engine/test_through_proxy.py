@@ -4,7 +4,6 @@ records exactly the token ids and log-probs the engine produced (what the traine
 from __future__ import annotations
 
 import json
-import sys
 import uuid
 from collections.abc import Iterator
 
@@ -14,7 +13,11 @@ import pytest
 from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
 from services.client import LedgerClient
 from tests.support.engine import Engine
-from tests.support.procs import ServiceProcess, free_port, start_ledger, start_service, wait_http_ready
+from tests.support.procs import (
+    ServiceProcess,
+    start_ledger,
+    start_proxy_for_engine,
+)
 
 KEY = "engine-test-master-key"
 
@@ -27,13 +30,7 @@ def ledger() -> Iterator[ServiceProcess]:
 
 @pytest.fixture(scope="module")
 def proxy_url(ledger: ServiceProcess, cpu_engine: Engine) -> Iterator[str]:
-    port = free_port()
-    argv = [sys.executable, "-m", "services.proxy", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--ledger", ledger.address, "--model-name", cpu_engine.model_name, "--heartbeat", "0.5"]
-    url = f"http://127.0.0.1:{port}"
-    with start_service(
-        argv, name="proxy", port=port, env={"AGL_KEY": KEY}, ready=lambda _: wait_http_ready(f"{url}/healthz")
-    ):
+    with start_proxy_for_engine(ledger.address, cpu_engine.model_name, KEY) as url:
         yield url
 
 

@@ -5,7 +5,6 @@ log-probs are the engine's own (a direct greedy chat call with the same messages
 from __future__ import annotations
 
 import json
-import sys
 import uuid
 from collections.abc import Iterator
 
@@ -17,7 +16,11 @@ import pytest
 from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
 from services.client import LedgerClient
 from tests.support.engine import Engine
-from tests.support.procs import ServiceProcess, free_port, start_ledger, start_service, wait_http_ready
+from tests.support.procs import (
+    ServiceProcess,
+    start_ledger,
+    start_proxy_for_engine,
+)
 
 KEY = "agent-api-engine-key"
 QUESTION = "What is 4 + 4?"
@@ -31,14 +34,8 @@ def ledger() -> Iterator[ServiceProcess]:
 
 @pytest.fixture(scope="module")
 def proxy_url(ledger: ServiceProcess, cpu_engine: Engine) -> Iterator[str]:
-    port = free_port()
-    argv = [sys.executable, "-m", "services.proxy", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--ledger", ledger.address, "--model-name", cpu_engine.model_name, "--heartbeat", "0.5"]
-    argv += ["--train-temperature", "0"]  # greedy, so a direct call can repeat the engine's answer
-    url = f"http://127.0.0.1:{port}"
-    with start_service(
-        argv, name="proxy", port=port, env={"AGL_KEY": KEY}, ready=lambda _: wait_http_ready(f"{url}/healthz")
-    ):
+    # greedy, so a direct call can repeat the engine's answer
+    with start_proxy_for_engine(ledger.address, cpu_engine.model_name, KEY, ["--train-temperature", "0"]) as url:
         yield url
 
 

@@ -7,7 +7,6 @@ forced tokens were recorded at log-prob 0.0, scored again at about -5.5 (largest
 from __future__ import annotations
 
 import json
-import sys
 import uuid
 from collections.abc import Iterator
 
@@ -17,7 +16,11 @@ import pytest
 from services._gen.agl.v1 import model_pb2, rollout_pb2
 from services.client import LedgerClient
 from tests.support.engine import Engine
-from tests.support.procs import ServiceProcess, free_port, start_ledger, start_service, wait_http_ready
+from tests.support.procs import (
+    ServiceProcess,
+    start_ledger,
+    start_proxy_for_engine,
+)
 
 KEY = "free-sampling-engine-key"
 TOOL = {
@@ -44,14 +47,7 @@ def ledger() -> Iterator[ServiceProcess]:
 
 @pytest.fixture(scope="module")
 def proxy_url(ledger: ServiceProcess, cpu_engine: Engine) -> Iterator[str]:
-    port = free_port()
-    argv = [sys.executable, "-m", "services.proxy", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--ledger", ledger.address, "--model-name", cpu_engine.model_name, "--heartbeat", "0.5"]
-    argv += ["--train-temperature", "1.0"]
-    url = f"http://127.0.0.1:{port}"
-    with start_service(
-        argv, name="proxy", port=port, env={"AGL_KEY": KEY}, ready=lambda _: wait_http_ready(f"{url}/healthz")
-    ):
+    with start_proxy_for_engine(ledger.address, cpu_engine.model_name, KEY, ["--train-temperature", "1.0"]) as url:
         yield url
 
 

@@ -228,3 +228,18 @@ def start_ledger(
         log_dir=log_dir,
     ) as service:
         yield service
+
+
+@contextlib.contextmanager
+def start_proxy_for_engine(
+    ledger_address: str, model_name: str, key: str, extra_args: Sequence[str] = ()
+) -> Iterator[str]:
+    """The real proxy on 127.0.0.1 in front of the ledger at ledger_address, serving model_name; yields its URL."""
+    port = free_port()
+    argv = [sys.executable, "-m", "services.proxy", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--ledger", ledger_address, "--model-name", model_name, "--heartbeat", "0.5", *extra_args]
+    url = f"http://127.0.0.1:{port}"
+    with start_service(
+        argv, name="proxy", port=port, env={"AGL_KEY": key}, ready=lambda _: wait_http_ready(f"{url}/healthz")
+    ):
+        yield url
