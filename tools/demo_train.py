@@ -162,6 +162,7 @@ def prepare_model(
         "warm_steps": warm_steps,
         "warm_lr": agent.warm_lr,
         "warm_stop_accuracy": agent.warm_stop_accuracy,
+        "warm_stop_below": agent.warm_stop_below,
         "warm_min_steps": agent.warm_min_steps,
         "warm_examples": agent.warm_examples(train),
         "tasks": train,
@@ -185,7 +186,8 @@ def prepare_model(
             steps=warm_steps,
             lr=agent.warm_lr,
             tools=agent.tools,
-            stop_when=warm_stop(agent, train, out),
+            probe=warm_probe(agent, train, out),
+            stop_band=(agent.warm_stop_accuracy or 0.0, agent.warm_stop_below),
             min_steps=agent.warm_min_steps,
         )
         out.write(
@@ -207,23 +209,23 @@ def prepare_model(
     return path
 
 
-def warm_stop(agent: DemoAgent, train: Sequence[dict[str, Any]], out: TextIO) -> Any:
+def warm_probe(agent: DemoAgent, train: Sequence[dict[str, Any]], out: TextIO) -> Any:
     """The agent's early stop for its warm start (None: it runs its steps): greedy accuracy on a probe of 64
-    training tasks (never the held-out ones) at or above agent.warm_stop_accuracy; each check is printed."""
+    training tasks (never the held-out ones), each check printed."""
     if agent.warm_stop_accuracy is None:
         return None
     from services.engine.start_quality import greedy_accuracy
 
     probe = random.Random(5).sample(list(train), min(64, len(train)))
-    target = agent.warm_stop_accuracy
+    band = f"stops within {agent.warm_stop_accuracy}-{agent.warm_stop_below}"
 
-    def reached(model: Any, tokenizer: Any, step: int) -> bool:
-        accuracy = greedy_accuracy(model, tokenizer, agent.loop, probe)
-        out.write(f"model: step {step}: probe accuracy {accuracy:.3f} (stops at {target})\n")
+    def accuracy(model: Any, tokenizer: Any, step: int) -> float:
+        score = greedy_accuracy(model, tokenizer, agent.loop, probe)
+        out.write(f"model: step {step}: probe accuracy {score:.3f} ({band})\n")
         out.flush()
-        return accuracy >= target
+        return score
 
-    return reached
+    return accuracy
 
 
 def start_held_out(args: argparse.Namespace, agent: DemoAgent) -> list[dict[str, Any]]:

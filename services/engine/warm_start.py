@@ -7,6 +7,7 @@ Prompts are rendered with the model's own chat template, exactly as the engine r
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -65,15 +66,18 @@ def warm_start(
     seed: int = 1,
     threads: int | None = None,
     tools: Sequence[dict[str, Any]] | None = None,
-    stop_when: Callable[[Any, Any, int], bool] | None = None,
+    probe: Callable[[Any, Any, int], float] | None = None,
+    stop_band: tuple[float, float] = (0.0, 1.0),
     check_every: int = 25,
     min_steps: int = 0,
 ) -> WarmStartResult:
     """Trains the model in model_dir in place on (messages, answer) pairs and saves it back. `tools` (OpenAI
     function tools) are rendered into every prompt, as the engine renders a request that offers them. `threads`:
     torch's intra-op threads; None follows the machine's load (threads_for_load).
-    `stop_when(model, tokenizer, steps_trained)`, asked every `check_every` steps from `min_steps` on (the model in
-    eval mode), ends the run early when true: `steps` is then the most it trains."""
+    `probe(model, tokenizer, steps_trained)` scores the model (in eval mode) every `check_every` steps from
+    `min_steps` on: a score within `stop_band` ends the run (`steps` is then the most it trains). A score above
+    the band (the model went past it between two checks) takes the model and its optimizer back to the previous
+    check, once, and goes on checking five times as often; past it again, the run stops there."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as transformers_logging
@@ -97,14 +101,30 @@ def warm_start(
     started = time.perf_counter()
     loss_value = float("nan")
     model.train()
-    trained = 0
-    for step in range(steps):
-        if stop_when is not None and step >= min_steps and step % check_every == 0 and step:
+    step, every, last_check, refined = 0, check_every, -1, False
+    snapshot: tuple[int, dict[str, Any], dict[str, Any], dict[str, Any]] | None = None
+    while step < steps:
+        if probe is not None and step and step >= min_steps and step % every == 0 and step != last_check:
             model.eval()
-            done = stop_when(model, tokenizer, step)
+            score = probe(model, tokenizer, step)
             model.train()
-            if done:
+            last_check = step
+            low, high = stop_band
+            if low <= score <= high or (score > high and (refined or snapshot is None)):
                 break
+            if score > high and snapshot is not None:
+                step, weights, moments, lr_state = snapshot
+                model.load_state_dict(weights)
+                optimizer.load_state_dict(moments)
+                schedule.load_state_dict(lr_state)
+                every, refined, last_check = max(1, check_every // 5), True, step  # step: the check taken back to
+                continue
+            snapshot = (
+                step,
+                copy.deepcopy(model.state_dict()),
+                copy.deepcopy(optimizer.state_dict()),
+                schedule.state_dict(),
+            )
         if threads is None and step and step % LOAD_CHECK_EVERY == 0:
             chosen_threads = threads_for_load(chosen_threads)
             torch.set_num_threads(chosen_threads)
@@ -120,7 +140,8 @@ def warm_start(
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         loss_value = float(loss.detach())
-        trained = step + 1
+        step += 1
+    trained = step
     seconds = time.perf_counter() - started
     model.save_pretrained(out, safe_serialization=True)
     make_readable(out)
