@@ -4,6 +4,11 @@ Like the rest of the core, every change happens in one synchronous step on the e
 change memory, hand the operations to the store, publish to watchers) and is acknowledged only once durable.
 Runs have their own revision counter and change ring, so a WatchRuns client resumes from its last revision
 without loss or duplicates exactly as a WatchRollouts client does.
+
+Guarantee: that resume point outlives a restart. Every stored run and step keeps the revision of its last change,
+and the ring starts from them on load, so a watcher resuming after a kill -9 is given what changed after its
+revision (in its present state), once. Only a resume from before the last deletion must start over (OUT_OF_RANGE):
+a deleted run leaves nothing in the store to replay.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ STEP = ledger_service_pb2.RUN_CHANGE_TYPE_STEP
 DELETE = ledger_service_pb2.RUN_CHANGE_TYPE_DELETE
 
 META_RUNS_REVISION = "runs_revision"
+META_RUNS_DELETED_REVISION = "runs_deleted_revision"  # the revision of the last deletion: no resume from before it
 MAX_METRIC_NAME = 256
 MAX_METRICS_PER_STEP = 10_000
 MAX_STEPS_PER_REPORT = 10_000
@@ -132,10 +138,16 @@ class RunBook:
             if entry is not None:
                 entry.steps[step.step] = step
                 revision = max(revision, step.revision)
+        kept: list[RunChange] = []
         for entry in self.runs.values():
             entry.steps = dict(sorted(entry.steps.items()))
+            run = entry.run
+            kept.append(RunChange(run.revision, RUN, run.run_id, run, None, 0))
+            kept.extend(RunChange(s.revision, STEP, run.run_id, run, s, 0) for s in entry.steps.values())
+        kept.sort(key=lambda change: change.revision)
         self.revision = revision
         self.hub = RolloutHub(revision, self._ring_size, self._watch_buffer)
+        self.hub.restore(int(loaded.meta.get(META_RUNS_DELETED_REVISION, 0)), kept)  # type: ignore[arg-type]
         if self.runs:
             steps = sum(len(e.steps) for e in self.runs.values())
             log.info("runs loaded: %d runs, %d steps, run revision %d", len(self.runs), steps, revision)
@@ -211,6 +223,7 @@ class RunBook:
         if not ops:
             await self._durable(self.last_lsn)
             return 0
+        ops.append((PUT_META, META_RUNS_DELETED_REVISION, self.revision))
         lsn = self._commit(ops)
         for revision, entry in changes:
             self.hub.publish(RunChange(revision, DELETE, entry.run.run_id, entry.run, None, lsn))
