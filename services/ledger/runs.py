@@ -8,7 +8,8 @@ without loss or duplicates exactly as a WatchRollouts client does.
 Guarantee: that resume point outlives a restart. Every stored run and step keeps the revision of its last change,
 and the ring starts from them on load, so a watcher resuming after a kill -9 is given what changed after its
 revision (in its present state), once. Only a resume from before the last deletion must start over (OUT_OF_RANGE):
-a deleted run leaves nothing in the store to replay.
+a deleted run leaves nothing in the store to replay. A report that changes nothing (one sent again because its
+answer was lost to a restart) is no change: it gets no revision and streams nothing.
 """
 
 from __future__ import annotations
@@ -248,9 +249,13 @@ class RunBook:
         now = time.time_ns()
         stored: list[run_pb2.RunStep] = []
         ops: list[Op] = []
+        changed: list[run_pb2.RunStep] = []
         for step in steps:
-            merged = run_pb2.RunStep()
             previous = entry.steps.get(step.step)
+            if previous is not None and all(previous.metrics.get(k) == v for k, v in step.metrics.items()):
+                stored.append(previous)  # a report sent again (its answer lost to a restart): not a change
+                continue
+            merged = run_pb2.RunStep()
             if previous is not None:
                 merged.CopyFrom(previous)
             else:
@@ -267,7 +272,11 @@ class RunBook:
             else:
                 entry.steps[step.step] = merged
             stored.append(merged)
+            changed.append(merged)
             ops.append((PUT_RUN_STEP, run_id, step.step, merged.SerializeToString()))
+        if not changed:
+            await self._durable(entry.lsn)
+            return stored, entry.run
         run = run_pb2.Run()
         run.CopyFrom(entry.run)
         run.last_step = max(entry.steps) if entry.steps else 0
@@ -278,11 +287,13 @@ class RunBook:
         ops.append((PUT_RUN, run_id, entry.ordinal, run.SerializeToString()))
         lsn = self._commit(ops)
         entry.run, entry.lsn = run, lsn
-        first = self.revision - len(stored)
-        for i, merged in enumerate(stored):
+        first = self.revision - len(changed)
+        for i, merged in enumerate(changed):
             self.hub.publish(RunChange(first + i, STEP, run_id, run, merged, lsn))
         self.hub.publish(RunChange(self.revision, RUN, run_id, run, None, lsn))
-        log.debug("run %s: %d steps reported (last step %d)", run_id, len(stored), run.last_step)
+        log.debug(
+            "run %s: %d steps reported, %d changed (last step %d)", run_id, len(stored), len(changed), run.last_step
+        )
         await self._durable(lsn)
         return stored, run
 

@@ -81,7 +81,8 @@ async def test_a_run_watch_resumed_across_20_kill_9s_is_given_each_step_once(tmp
     revision behind the ledger's, in turn: right after the report is acknowledged (the watcher may not have its
     steps yet), the moment the watcher is given the round's last step (the run's own change follows it), and after
     a change of another run, which this watcher's filter skips. A resume point the restart forgot would make the
-    watcher start over and be given every step again, in a snapshot."""
+    watcher start over and be given every step again, in a snapshot. Last, a report sent again, as a reporter does
+    when a kill took the answer after the commit, is no change: nothing more is streamed."""
     rounds, per_round = 20, 2
     store = f"sqlite:{tmp_path / 'ledger.db'}"
     port = free_port()
@@ -124,6 +125,9 @@ async def test_a_run_watch_resumed_across_20_kill_9s_is_given_each_step_once(tmp
                     led.kill()
             with start_ledger(store=store, port=port, log_dir=tmp_path):
                 async with LedgerClient(address) as trainer:
+                    last, before = rounds * per_round, await trainer.get_run("run-k")
+                    again, run = await trainer.report_run_steps("run-k", {last: {"agl/reward_mean": last / 100}})
+                    assert run == before and again[0].revision < before.revision  # no new revision, no write
                     await trainer.update_run_state("run-k", run_pb2.RUN_STATE_SUCCEEDED)
                     await asyncio.wait_for(finished.wait(), 30)  # changes come in revision order: steps first
                     stored = await trainer.list_run_steps("run-k")
