@@ -1,17 +1,19 @@
 """Rollout change fan-out for WatchRollouts: a revision-indexed change ring plus per-subscriber bounded queues.
 
 Every rollout change gets the next ledger revision and is published synchronously by the core: appended to
-the ring (kept for resuming watchers) and offered to each subscriber whose filter it concerns. A subscriber's
-queue is bounded; when it is full the subscriber is cut off (never the writer blocked): its next read raises
-`ResourceExhausted` naming the last revision it was given, from which it can resume.
+the ring (kept for resuming watchers) and offered to each subscriber whose filter it concerns. A ring may also
+start from what a store kept (`restore`): the newest change of each object, so its revisions can have gaps.
+A subscriber's queue is bounded; when it is full the subscriber is cut off (never the writer blocked): its next
+read raises `ResourceExhausted` naming the last revision it was given, from which it can resume.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from services._gen.agl.v1 import rollout_pb2
@@ -103,7 +105,7 @@ class Subscriber:
 class RolloutHub:
     def __init__(self, start_revision: int, ring_size: int, subscriber_limit: int) -> None:
         self._ring: collections.deque[Change] = collections.deque(maxlen=ring_size)
-        # Changes with revision > floor are in the ring (revisions are dense: one change per revision).
+        # Every change with revision > floor is in the ring, or (after `restore`) a later change of the same object.
         self._floor = start_revision
         self._subscribers: set[Subscriber] = set()
         self._limit = subscriber_limit
@@ -119,6 +121,16 @@ class RolloutHub:
 
     def unsubscribe(self, sub: Subscriber) -> None:
         self._subscribers.discard(sub)
+
+    def restore(self, floor: int, kept: Sequence[Change]) -> None:
+        """Start the ring from what a store kept: `kept` in revision order, each the newest change of its object,
+        and every object changed after `floor` in it. A watcher resuming after a restart is then given the
+        present state of what changed after its revision, once, instead of having to start over."""
+        self._ring.clear()
+        self._floor = floor
+        for change in kept:
+            if change.revision > floor:
+                self.publish(change)
 
     def publish(self, change: Change) -> None:
         ring = self._ring
@@ -138,4 +150,9 @@ class RolloutHub:
             raise OutOfRange(f"revision {revision} is ahead of the ledger's revision {current}; start over")
         if revision < self._floor:
             raise OutOfRange(f"revision {revision} is no longer kept (oldest resumable is {self._floor}); start over")
-        return list(itertools.islice(self._ring, revision - self._floor, None))
+        start = bisect.bisect_right(self._ring, revision, key=_revision)
+        return list(itertools.islice(self._ring, start, None))
+
+
+def _revision(change: Change) -> int:
+    return change.revision

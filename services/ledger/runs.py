@@ -4,6 +4,12 @@ Like the rest of the core, every change happens in one synchronous step on the e
 change memory, hand the operations to the store, publish to watchers) and is acknowledged only once durable.
 Runs have their own revision counter and change ring, so a WatchRuns client resumes from its last revision
 without loss or duplicates exactly as a WatchRollouts client does.
+
+Guarantee: that resume point outlives a restart. Every stored run and step keeps the revision of its last change,
+and the ring starts from them on load, so a watcher resuming after a kill -9 is given what changed after its
+revision (in its present state), once. Only a resume from before the last deletion must start over (OUT_OF_RANGE):
+a deleted run leaves nothing in the store to replay. A report that changes nothing (one sent again because its
+answer was lost to a restart) is no change: it gets no revision and streams nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ STEP = ledger_service_pb2.RUN_CHANGE_TYPE_STEP
 DELETE = ledger_service_pb2.RUN_CHANGE_TYPE_DELETE
 
 META_RUNS_REVISION = "runs_revision"
+META_RUNS_DELETED_REVISION = "runs_deleted_revision"  # the revision of the last deletion: no resume from before it
 MAX_METRIC_NAME = 256
 MAX_METRICS_PER_STEP = 10_000
 MAX_STEPS_PER_REPORT = 10_000
@@ -132,10 +139,16 @@ class RunBook:
             if entry is not None:
                 entry.steps[step.step] = step
                 revision = max(revision, step.revision)
+        kept: list[RunChange] = []
         for entry in self.runs.values():
             entry.steps = dict(sorted(entry.steps.items()))
+            run = entry.run
+            kept.append(RunChange(run.revision, RUN, run.run_id, run, None, 0))
+            kept.extend(RunChange(s.revision, STEP, run.run_id, run, s, 0) for s in entry.steps.values())
+        kept.sort(key=lambda change: change.revision)
         self.revision = revision
         self.hub = RolloutHub(revision, self._ring_size, self._watch_buffer)
+        self.hub.restore(int(loaded.meta.get(META_RUNS_DELETED_REVISION, 0)), kept)  # type: ignore[arg-type]
         if self.runs:
             steps = sum(len(e.steps) for e in self.runs.values())
             log.info("runs loaded: %d runs, %d steps, run revision %d", len(self.runs), steps, revision)
@@ -211,6 +224,7 @@ class RunBook:
         if not ops:
             await self._durable(self.last_lsn)
             return 0
+        ops.append((PUT_META, META_RUNS_DELETED_REVISION, self.revision))
         lsn = self._commit(ops)
         for revision, entry in changes:
             self.hub.publish(RunChange(revision, DELETE, entry.run.run_id, entry.run, None, lsn))
@@ -235,9 +249,13 @@ class RunBook:
         now = time.time_ns()
         stored: list[run_pb2.RunStep] = []
         ops: list[Op] = []
+        changed: list[run_pb2.RunStep] = []
         for step in steps:
-            merged = run_pb2.RunStep()
             previous = entry.steps.get(step.step)
+            if previous is not None and all(previous.metrics.get(k) == v for k, v in step.metrics.items()):
+                stored.append(previous)  # a report sent again (its answer lost to a restart): not a change
+                continue
+            merged = run_pb2.RunStep()
             if previous is not None:
                 merged.CopyFrom(previous)
             else:
@@ -254,7 +272,11 @@ class RunBook:
             else:
                 entry.steps[step.step] = merged
             stored.append(merged)
+            changed.append(merged)
             ops.append((PUT_RUN_STEP, run_id, step.step, merged.SerializeToString()))
+        if not changed:
+            await self._durable(entry.lsn)
+            return stored, entry.run
         run = run_pb2.Run()
         run.CopyFrom(entry.run)
         run.last_step = max(entry.steps) if entry.steps else 0
@@ -265,11 +287,13 @@ class RunBook:
         ops.append((PUT_RUN, run_id, entry.ordinal, run.SerializeToString()))
         lsn = self._commit(ops)
         entry.run, entry.lsn = run, lsn
-        first = self.revision - len(stored)
-        for i, merged in enumerate(stored):
+        first = self.revision - len(changed)
+        for i, merged in enumerate(changed):
             self.hub.publish(RunChange(first + i, STEP, run_id, run, merged, lsn))
         self.hub.publish(RunChange(self.revision, RUN, run_id, run, None, lsn))
-        log.debug("run %s: %d steps reported (last step %d)", run_id, len(stored), run.last_step)
+        log.debug(
+            "run %s: %d steps reported, %d changed (last step %d)", run_id, len(stored), len(changed), run.last_step
+        )
         await self._durable(lsn)
         return stored, run
 

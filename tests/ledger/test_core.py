@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from services import wire
-from services._gen.agl.v1 import event_pb2, ledger_service_pb2, proxy_control_pb2, rollout_pb2
+from services._gen.agl.v1 import event_pb2, ledger_service_pb2, proxy_control_pb2, rollout_pb2, run_pb2
 from services.ledger import feeds, states
 from services.ledger.errors import (
     Aborted,
@@ -194,6 +194,46 @@ async def test_sqlite_group_commit_and_restore(tmp_path: Path):
     with pytest.raises(AlreadyExists, match="e1"):  # and the same id with other content is refused
         await again.append_events([reward("r1", 0.0, event_id="e1")])
     await again.close()
+
+
+async def test_a_reloaded_runs_ring_resumes_after_any_revision_from_its_floor(tmp_path: Path):
+    """After a restart the runs ring holds the newest change of each stored run and step: a resume after any revision
+    from the floor on replays what changed since, once. The floor is where the ring's size or a deletion cut it."""
+    path = tmp_path / "l.db"
+    core = Ledger(SqliteStore(path))
+    core.load()
+    await core.runs.create("a", {}, "")  # revision 1
+    for step in (1, 2, 3):  # each report: the step (2, 4, 6), then the run (3, 5, 7)
+        await core.runs.report_steps("a", [run_pb2.RunStep(step=step, metrics={"m": float(step)})])
+    await core.close()
+
+    async def replay(ledger: Ledger, after: int) -> list[tuple[int, int]]:
+        feed = ledger.runs.watch("", {}, True, after)
+        items = []
+        async for kind, revision, _, step in feed:
+            if kind == ledger_service_pb2.RUN_CHANGE_TYPE_SYNCED:
+                break
+            items.append((revision, step.step if step is not None else 0))
+        await feed.aclose()
+        return items
+
+    again = Ledger(SqliteStore(path), ring_size=3)  # keeps revisions 4, 6 and 7: the floor is 2
+    again.load()
+    assert await replay(again, 2) == [(4, 2), (6, 3), (7, 0)]
+    assert await replay(again, 3) == await replay(again, 2)  # 3 was the run's, replaced by 7
+    assert await replay(again, 6) == [(7, 0)] and await replay(again, 7) == []
+    with pytest.raises(OutOfRange, match="no longer kept"):
+        await replay(again, 1)
+    await again.runs.create("b", {}, "")  # 8
+    assert await again.runs.delete(["b"]) == 1  # 9
+    await again.close()
+
+    third = Ledger(SqliteStore(path))
+    third.load()
+    assert await replay(third, 9) == []
+    with pytest.raises(OutOfRange, match="no longer kept"):  # b's deletion is not in the store to replay
+        await replay(third, 8)
+    await third.close()
 
 
 def test_config_flags_override_environment_defaults():
