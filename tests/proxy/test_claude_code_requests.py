@@ -71,8 +71,8 @@ def engine(ledger: ServiceProcess) -> Iterator[Http]:
         yield standin
 
 
-def messages_url(proxy: Http, rollout_id: str) -> str:
-    return f"{base_url(proxy, rollout_id)}/messages"
+def messages_url(proxy: Http, rollout_id: str, mode: str = "train") -> str:
+    return f"{base_url(proxy, rollout_id, mode=mode)}/messages"
 
 
 async def recorded_calls(client: LedgerClient, rollout_id: str) -> list[event_pb2.ModelRequest]:
@@ -104,7 +104,8 @@ async def test_a_claude_code_first_call_is_answered_and_recorded_as_rendered(
     ]  # fmt: skip
     assert sent["model"] == MODEL  # Claude's model name goes to the run's policy
     assert sent["chat_template_kwargs"] == {"enable_thinking": True}
-    assert sent["max_tokens"] == 32000
+    # 32,000 asked of a 4,000-position engine: sent as the context length, vLLM grants what the prompt leaves.
+    assert sent["max_tokens"] == CONTEXT
     for ignored in ("metadata", "context_management", "output_config", "cache_control", "thinking"):
         assert ignored not in sent
     (recorded,) = await recorded_calls(client, rollout_id)
@@ -113,6 +114,8 @@ async def test_a_claude_code_first_call_is_answered_and_recorded_as_rendered(
                                                "description": BASH["description"]}}]  # fmt: skip
     assert list(recorded.prompt_token_ids) == prompt_tokens(sent["messages"], tools)
     assert recorded.status == event_pb2.MODEL_REQUEST_STATUS_OK and recorded.api == "anthropic.messages"
+    assert recorded.requested_max_tokens == 32000
+    assert recorded.granted_max_tokens == CONTEXT - len(recorded.prompt_token_ids)
 
 
 @pytest.mark.parametrize(
@@ -145,10 +148,16 @@ async def test_output_config_format_is_the_engines_structured_output(
     schema = {"type": "object", "properties": {"answer": {"type": "integer"}}}
     body = claude_code_body(output_config={"effort": "low", "format": {"type": "json_schema", "schema": schema}})
     async with httpx.AsyncClient(timeout=30) as http:
+        reply = await http.post(messages_url(proxy, rollout_id, mode="val"), json=body, headers=HEADERS)
+        assert reply.status_code == 200, reply.text
+        sent = engine_requests(engine)["received"][-1]["body"]
+        assert sent["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+        # A train call samples unconstrained (free_sampling.py): the format is left out and the call says so.
         reply = await http.post(messages_url(proxy, rollout_id), json=body, headers=HEADERS)
     assert reply.status_code == 200, reply.text
-    sent = engine_requests(engine)["received"][-1]["body"]
-    assert sent["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    assert "response_format" not in engine_requests(engine)["received"][-1]["body"]
+    train_call = (await recorded_calls(client, rollout_id))[-1]
+    assert any("response_format" in warning for warning in train_call.warnings), train_call.warnings
 
 
 async def test_count_tokens_is_the_engines_count_of_the_rendered_prompt(
