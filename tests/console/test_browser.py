@@ -6,6 +6,7 @@ import json
 import uuid
 
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -19,6 +20,12 @@ RUNNING = rollout_pb2.ROLLOUT_STATE_RUNNING
 SUCCEEDED = rollout_pb2.ROLLOUT_STATE_SUCCEEDED
 FAILED = rollout_pb2.ROLLOUT_STATE_FAILED
 LIVE_S = 5  # generous for a loaded 2-core machine; the 1 s target is measured in bench/console_bench.py
+
+
+def live_wait(browser: object, seconds: float) -> WebDriverWait:
+    """A wait that reads the live page again when the element it found was re-rendered before it was read (a
+    live update replaces the tiles and tables; CI-like load once landed a read between the find and the text)."""
+    return WebDriverWait(browser, seconds, ignored_exceptions=(StaleElementReferenceException,))
 
 
 def spec(rollout_id: str, run: str = "", step: int = 1, group: str = "g0") -> rollout_pb2.RolloutSpec:
@@ -54,16 +61,16 @@ def training_rows(rollout_id: str, step: int, reward_value: float, advantage: fl
 def sign_in(browser, console, key: str = KEY, path: str = "/") -> None:
     browser.delete_all_cookies()
     browser.get(console.url + path)
-    WebDriverWait(browser, 10).until(lambda d: d.find_elements(By.ID, "key"))
+    live_wait(browser, 10).until(lambda d: d.find_elements(By.ID, "key"))
     browser.find_element(By.ID, "key").send_keys(key)
     browser.find_element(By.ID, "sign-in").click()
-    WebDriverWait(browser, 10).until(lambda d: d.find_elements(By.ID, "main"))
+    live_wait(browser, 10).until(lambda d: d.find_elements(By.ID, "main"))
     wait_live(browser)
 
 
 def wait_live(browser) -> None:
     """The page's event stream is open (so later changes reach it)."""
-    WebDriverWait(browser, 10).until(lambda d: d.find_element(By.ID, "live").get_attribute("data-state") == "live")
+    live_wait(browser, 10).until(lambda d: d.find_element(By.ID, "live").get_attribute("data-state") == "live")
 
 
 def test_wrong_key_gets_the_login_page_and_nothing_else(browser, console, screenshot):
@@ -73,7 +80,7 @@ def test_wrong_key_gets_the_login_page_and_nothing_else(browser, console, screen
     assert not browser.find_elements(By.ID, "main")
     browser.find_element(By.ID, "key").send_keys("not-the-key")
     browser.find_element(By.ID, "sign-in").click()
-    WebDriverWait(browser, 10).until(lambda d: d.find_elements(By.ID, "login-error"))
+    live_wait(browser, 10).until(lambda d: d.find_elements(By.ID, "login-error"))
     assert "not accepted" in browser.find_element(By.ID, "login-error").text
     assert not browser.find_elements(By.ID, "main")
     screenshot("wrong-key")
@@ -97,25 +104,25 @@ async def test_overview_shows_states_models_and_proxies_live(browser, console, l
         await client.create_rollouts([spec(f"ov-{uid}")])
         await client.update_status(f"ov-{uid}", RUNNING, attempt_id="a1")
         await client.update_status(f"ov-{uid}", SUCCEEDED)
-        WebDriverWait(browser, LIVE_S).until(lambda d: int(d.find_element(By.ID, "tile-succeeded").text) == before + 1)
+        live_wait(browser, LIVE_S).until(lambda d: int(d.find_element(By.ID, "tile-succeeded").text) == before + 1)
         header = browser.find_element(By.CSS_SELECTOR, '[data-count="succeeded"]').text
         assert int(header) == before + 1
         await client.set_proxy_pause(True, 9, f"weights {uid}")
-        WebDriverWait(browser, LIVE_S).until(lambda d: f"weights {uid}" in d.find_element(By.ID, "proxy-state").text)
+        live_wait(browser, LIVE_S).until(lambda d: f"weights {uid}" in d.find_element(By.ID, "proxy-state").text)
         screenshot("overview")
         await client.set_proxy_pause(False)
         # A pause naming one model (a run's own weight update) is listed under the proxies, then gone once lifted.
         await client.set_proxy_pause(True, 7, f"run weights {uid}", owner="trainer:b", model_name=f"m-{uid}")
-        WebDriverWait(browser, LIVE_S).until(lambda d: d.find_elements(By.ID, "model-pauses"))
+        live_wait(browser, LIVE_S).until(lambda d: d.find_elements(By.ID, "model-pauses"))
         listed = browser.find_element(By.ID, "model-pauses").text
         assert f"m-{uid} paused (run weights {uid}, by trainer:b; its agents told to retry after 7s)" in listed
         assert "serving" in browser.find_element(By.ID, "proxy-state").text
         await client.set_proxy_pause(False, model_name=f"m-{uid}")
-        WebDriverWait(browser, LIVE_S).until(lambda d: not d.find_elements(By.ID, "model-pauses"))
+        live_wait(browser, LIVE_S).until(lambda d: not d.find_elements(By.ID, "model-pauses"))
         await client.register_models(
             [model_pb2.ModelEndpoint(model_name=f"m-{uid}", endpoint="http://e/v1", version=5)]
         )
-        WebDriverWait(browser, LIVE_S).until(
+        live_wait(browser, LIVE_S).until(
             lambda d: any(
                 cells[0].text == f"m-{uid}" and cells[2].text == "5"
                 for cells in (
@@ -140,12 +147,12 @@ async def test_a_rollout_finishing_updates_its_open_page(browser, console, ledge
         assert "3 prompt + 2 response tokens" in transcript and "response_token_ids" not in transcript
         await client.append_events([reward(rollout_id, 0.75)])
         await client.update_status(rollout_id, SUCCEEDED)
-        WebDriverWait(browser, LIVE_S).until(lambda d: d.find_element(By.ID, "rollout-state").text == "succeeded")
+        live_wait(browser, LIVE_S).until(lambda d: d.find_element(By.ID, "rollout-state").text == "succeeded")
         assert browser.find_element(By.ID, "reward").text == "0.75"
         assert "reward 0.75 (judge)" in browser.find_element(By.ID, "transcript").text
         screenshot("rollout")
         browser.find_element(By.ID, "show-tokens").click()
-        WebDriverWait(browser, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "pre.tokens"))
+        live_wait(browser, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "pre.tokens"))
         tokens = browser.find_element(By.CSS_SELECTOR, "pre.tokens").text
         assert "response_token_ids: [8, 9]" in tokens and "response_logprobs: [-0.5, -0.125]" in tokens
 
@@ -195,7 +202,7 @@ async def test_run_page_charts_the_run_and_adds_points_live(browser, console, le
         assert any(f"{uid}-r3" in r and r.endswith("1 -") for r in rows), rows
         screenshot("run")
         await progress.report_step(client, run_id, 4, {"critic/score/mean": 0.9})
-        WebDriverWait(browser, LIVE_S).until(lambda d: len(points("reward: critic/score/mean")) == 4)
+        live_wait(browser, LIVE_S).until(lambda d: len(points("reward: critic/score/mean")) == 4)
         assert points("reward: critic/score/mean")[-1] == ("4", "0.9")
         browser.get(console.url + "/runs")
         assert run_id in browser.find_element(By.ID, "runs").text
@@ -235,7 +242,7 @@ async def test_run_page_charts_the_held_out_reward_and_the_users_metrics_first(b
     picker.deselect_all()
     picker.select_by_value("val/agl/calls/per_rollout")
     browser.find_element(By.ID, "chart-show").click()
-    WebDriverWait(browser, 10).until(lambda d: "chart=val%2Fagl%2Fcalls%2Fper_rollout" in d.current_url)
+    live_wait(browser, 10).until(lambda d: "chart=val%2Fagl%2Fcalls%2Fper_rollout" in d.current_url)
     assert charted()[:2] == ["reward: agl/reward/mean", "val/agl/calls/per_rollout"], charted()
     assert "val/agl/reward_mean" not in charted()
 
@@ -255,9 +262,9 @@ async def test_rollouts_list_filters_and_shows_new_rollouts_live(browser, consol
 
         assert listed() == [f"{uid}-b", f"{uid}-a"]  # newest first, only this run
         await client.create_rollouts([spec(f"{uid}-d", run_id)])
-        WebDriverWait(browser, LIVE_S).until(lambda d: listed() == [f"{uid}-d", f"{uid}-b", f"{uid}-a"])
+        live_wait(browser, LIVE_S).until(lambda d: listed() == [f"{uid}-d", f"{uid}-b", f"{uid}-a"])
         await client.update_status(f"{uid}-d", FAILED, error_message="no agent")
-        WebDriverWait(browser, LIVE_S).until(
+        live_wait(browser, LIVE_S).until(
             lambda d: (
                 d.find_element(By.CSS_SELECTOR, f'tr[data-rollout="{uid}-d"]').get_attribute("data-state") == "failed"
             )
