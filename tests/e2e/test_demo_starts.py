@@ -39,12 +39,12 @@ def test_the_calc_demos_start_can_learn(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     found = START_LINE.search(result.stdout)
     assert found, result.stdout
-    # The documented start (docs/getting-started/demo.md): right on about a fifth of the held-out products, a
-    # call on every greedy first turn, and groups with mixed rewards for GRPO. The bounds are far from the
-    # broken start's 0.00 and from the spread of the recipe over seeds.
-    assert float(found["accuracy"]) >= 0.1, found[0]
+    # The warm start stops once right on 20-45% of a probe of training tasks (docs/getting-started/demo.md): on the
+    # held-out products that was 0.125-0.69 in the runs on record, a call on every greedy first turn, and groups
+    # with mixed rewards for GRPO (0.09-0.39); the broken start of issue 48 had 0.00 and 0.00.
+    assert float(found["accuracy"]) >= 0.05, found[0]
     assert float(found["calls"]) >= 0.9, found[0]
-    assert float(found["mixed"]) >= 0.1, found[0]
+    assert float(found["mixed"]) >= 0.05, found[0]
     (model,) = (tmp_path / "data" / "models").glob("tiny-calc-*")
     quality = recorded(model)
     assert quality is not None and quality.groups == int(found["groups"]) == 64
