@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -45,6 +46,13 @@ class Crashes:
 class NoReward:
     def run(self):
         ask(os.environ["AGL_OPENAI_BASE_URL"])
+
+
+class Sleeps:
+    def run(self):
+        import time
+
+        time.sleep(120)
 
 
 class WrongUrl:
@@ -163,3 +171,22 @@ def test_a_mistake_in_the_options_is_one_line_within_10s_before_anything_starts(
     assert line.startswith("agl: ") and expected in line, line
     assert "starting ledger" not in run.out
     assert took < 10.0, took
+
+
+def test_ctrl_c_stops_every_service_with_one_line(workdir: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AGL_")}
+    env["PYTHONPATH"] = str(CHECKOUT)
+    argv = [str(AGL), "try", "--agent-class", "shopagent.agent:Sleeps", *SHOP_ENV, "--data", "math.jsonl"]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    with subprocess.Popen(argv, cwd=workdir, env=env, text=True, **pipes) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "services up in" in line:
+                break
+        time.sleep(1.0)  # the rollouts are running (their agents sleep)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, out + err
+    assert "agl try: interrupted by SIGINT; everything it started has been stopped" in out
+    assert "Traceback" not in err
+    assert processes_mentioning(str(workdir)) == []

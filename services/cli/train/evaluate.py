@@ -8,7 +8,6 @@ import argparse
 import asyncio
 import json
 import math
-import signal
 import sys
 import time
 import uuid
@@ -19,7 +18,7 @@ from services._gen.agl.v1 import rollout_pb2
 
 from ..errors import FAILURE, USAGE, CliError
 from . import checks, collect, options
-from .session import Interrupted, raise_on_signals
+from .session import run_interruptible
 from .stack import CHECKOUT, running_stack, while_services_run
 
 EVAL_LABEL = "agl_eval"
@@ -45,17 +44,7 @@ def task_record(index: int, record: dict[str, Any], tokenizer: Any) -> dict[str,
 
 def run_eval_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     """Ctrl-C and SIGTERM stop every service it started, with one line (as agl train)."""
-    previous = raise_on_signals()
-    try:
-        return _evaluate(args, out)
-    except Interrupted as stop:
-        for sig in previous:
-            signal.signal(sig, signal.SIG_IGN)  # the services' stop is bounded: not cut short by a second signal
-        out.write(f"\nagl eval: interrupted by {stop}; everything it started has been stopped\n")
-        return 128 + stop.signum
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return run_interruptible("eval", lambda: _evaluate(args, out), out)
 
 
 def _evaluate(args: argparse.Namespace, out: TextIO) -> int:

@@ -272,6 +272,22 @@ def raise_on_signals() -> dict[int, Any]:
     return previous
 
 
+def run_interruptible(command: str, body: Callable[[], int], out: TextIO) -> int:
+    """body's exit code; Ctrl-C and SIGTERM stop every service it started (its context managers unwind) and end
+    it with one line and 128 + the signal (agl eval, agl try)."""
+    previous = raise_on_signals()
+    try:
+        return body()
+    except Interrupted as stop:
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)  # the services' stop is bounded: not cut short by a second signal
+        out.write(f"\nagl {command}: interrupted by {stop}; everything it started has been stopped\n")
+        return 128 + stop.signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def train(plan: TrainPlan, out: TextIO = sys.stdout, *, base_model: Path | None = None) -> int:
     """Runs the plan; the exit code. base_model: a model the caller prepared (else --model, or the tiny one)."""
     plan.output.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 import time
 import uuid
@@ -28,7 +27,7 @@ from . import collect, options
 from .checks import agent_import_path
 from .plan import KNOWN as TRAIN_OPTIONS
 from .plan import AgentPlan, agent_plan
-from .session import Interrupted, agent_log, raise_on_signals
+from .session import agent_log, run_interruptible
 from .stack import Stack, running_stack
 
 TRY_LABEL = "agl_try"
@@ -150,14 +149,4 @@ def try_agent(args: argparse.Namespace, out: TextIO) -> int:
 
 def run_try_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     """Ctrl-C and SIGTERM stop every service it started, with one line (as agl train)."""
-    previous = raise_on_signals()
-    try:
-        return try_agent(args, out)
-    except Interrupted as stop:
-        for sig in previous:
-            signal.signal(sig, signal.SIG_IGN)
-        out.write(f"\nagl try: interrupted by {stop}; everything it started has been stopped\n")
-        return 128 + stop.signum
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return run_interruptible("try", lambda: try_agent(args, out), out)
