@@ -108,7 +108,12 @@ def main() -> None:
     agent = demo_train.resolve_agent_defaults(args)
     args.train_file, args.val_file, args.train = demo_train.prepare_tasks(args.data_dir.resolve(), args, agent)
     args.model_path = demo_train.prepare_model(
-        args.data_dir.resolve() / "models", args.train, args.warm_start_steps, sys.stdout, agent
+        args.data_dir.resolve() / "models",
+        args.train,
+        args.warm_start_steps,
+        sys.stdout,
+        agent,
+        held_out=demo_train.start_held_out(args, agent),
     )
     with tempfile.TemporaryDirectory(prefix="agl-two-runs-bench-") as tmp, contextlib.ExitStack() as started:
         root = Path(tmp)

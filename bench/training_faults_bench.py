@@ -172,7 +172,10 @@ def arm(args: argparse.Namespace, name: str, faults: list[tuple[int, str, float]
     data_dir = args.data_dir.resolve()
     train_file, val_file, train = demo_train.prepare_tasks(data_dir, args, agent)
     with open(out_dir / "bench.log", "w") as log:
-        model = demo_train.prepare_model(data_dir / "models", train, args.warm_start_steps, log, agent)
+        held_out = demo_train.start_held_out(args, agent)
+        model = demo_train.prepare_model(
+            data_dir / "models", train, args.warm_start_steps, log, agent, held_out=held_out
+        )
         plan = demo_train.demo_plan(args, agent, model, train_file, val_file, train)
         run_id, timeout = f"faults-{name}-{args.seed}", float(args.rollout_timeout)
         plan = dataclasses.replace(plan, run_id=run_id, save_every=1, output=out_dir, rollout_timeout=timeout)

@@ -144,7 +144,8 @@ def prepare_model(
     warm_steps: int,
     out: TextIO,
     agent: DemoAgent = AGENTS["math"],
-    held_out: Sequence[dict[str, Any]] = (),
+    *,
+    held_out: Sequence[dict[str, Any]],
     refuse: bool = True,
 ) -> Path:
     """The warm-started tiny model, made once per recipe (agent, tasks, sizes, steps) and reused after. Its
@@ -154,6 +155,7 @@ def prepare_model(
     from services.engine.tiny_model import RECIPE_FILE, build_tiny_model
     from services.engine.warm_start import warm_start
 
+    examples = agent.warm_examples(train)
     recipe = {
         "version": WARM_START_VERSION,
         "agent": agent.name,
@@ -164,7 +166,7 @@ def prepare_model(
         "warm_stop_accuracy": agent.warm_stop_accuracy,
         "warm_stop_below": agent.warm_stop_below,
         "warm_min_steps": agent.warm_min_steps,
-        "warm_examples": agent.warm_examples(train),
+        "warm_examples": examples,
         "tasks": train,
     }
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
@@ -179,7 +181,6 @@ def prepare_model(
         build_tiny_model(partial, hidden=128, layers=4, corpus=agent.corpus(train))
         out.write(f"model: warm-starting a tiny model on {len(train)} tasks ({warm_steps} supervised steps)...\n")
         out.flush()
-        examples = agent.warm_examples(train)
         result = warm_start(
             partial,
             examples,
@@ -195,7 +196,7 @@ def prepare_model(
             "measuring the start...\n"
         )
         out.flush()
-        quality = start_quality.measure(partial, agent.loop, held_out or train[:64], train)
+        quality = start_quality.measure(partial, agent.loop, held_out, train)
         start_quality.record(partial, quality)
         shutil.rmtree(path, ignore_errors=True)
         partial.rename(path)
@@ -323,7 +324,13 @@ def run_training(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     train_file, val_file, train = prepare_tasks(args.data_dir.resolve(), args, agent)
     held_out = start_held_out(args, agent)
     model_path = prepare_model(
-        args.data_dir.resolve() / "models", train, args.warm_start_steps, out, agent, held_out, not args.any_start
+        args.data_dir.resolve() / "models",
+        train,
+        args.warm_start_steps,
+        out,
+        agent,
+        held_out=held_out,
+        refuse=not args.any_start,
     )
     if args.start_only:
         return 0

@@ -279,7 +279,14 @@ def main() -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     task_args = argparse.Namespace(train_tasks=64, val_tasks=8, max_operand=19)
     train_file, _, train = demo_train.prepare_tasks(data_dir, task_args)
-    model = args.model or demo_train.prepare_model(data_dir / "models", train, 100, sys.stdout, refuse=False)
+    model = args.model or demo_train.prepare_model(
+        data_dir / "models",
+        train,
+        100,
+        sys.stdout,
+        held_out=demo_train.start_held_out(task_args, demo_train.AGENTS["math"]),
+        refuse=False,
+    )
     run_id = f"gpu-smoke-{uuid.uuid4().hex[:6]}"
     specs = local_stack.load_compose({}, [])
     specs = {name: specs[name] for name in ("ledger", "proxy", "controller")}

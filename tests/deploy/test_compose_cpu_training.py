@@ -61,8 +61,10 @@ def stack(
     # The demo's warm-started model on the demo's tasks: it answers about one in ten, so groups of 4 rollouts have
     # a reward signal to learn from (a random model scores 0 everywhere and every update is skipped).
     data = tmp_path_factory.mktemp("compose-cpu")
-    _, _, train = demo_train.prepare_tasks(data, argparse.Namespace(train_tasks=64, val_tasks=8, max_operand=19))
-    model = demo_train.prepare_model(data / "models", train, 100, sys.stdout, refuse=False)
+    task_args = argparse.Namespace(train_tasks=64, val_tasks=8, max_operand=19)
+    _, _, train = demo_train.prepare_tasks(data, task_args)
+    held_out = demo_train.start_held_out(task_args, demo_train.AGENTS["math"])
+    model = demo_train.prepare_model(data / "models", train, 100, sys.stdout, held_out=held_out, refuse=False)
     ledger_port, proxy_port, dashboard_port = free_port(), free_port(), free_port()
     variables = {
         "AGL_KEY": KEY,
