@@ -341,10 +341,15 @@ def run_training(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 def stop_on_sigterm() -> None:
     """SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so every context manager stops what it started. Ctrl-C
     itself is made to work even where the demo was started with SIGINT ignored (a shell starts background jobs
-    so, and Python then keeps it ignored): SIGINT to its process group stopped nothing, the run went on to the end."""
+    so, and Python then keeps it ignored): SIGINT to its process group stopped nothing, the run went on to the end.
+
+    SIGTERM is passed on as SIGINT rather than raising KeyboardInterrupt itself: inside asyncio.run a raise lands in
+    whichever task the signal interrupts (the quick run's terminal-stream reader), that task keeps the exception
+    and asyncio prints its traceback at shutdown. asyncio.run's own SIGINT handler cancels the main task instead
+    and raises KeyboardInterrupt once the loop has unwound; outside a loop SIGINT raises it as usual."""
 
     def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+        signal.raise_signal(signal.SIGINT)
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)

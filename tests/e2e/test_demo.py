@@ -161,3 +161,32 @@ def test_a_negative_lora_rank_is_one_line_before_anything_starts(tmp_path: Path)
     assert "argument --lora: '-2': a LoRA rank is a whole number above 0" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "data").exists(), "the demo started work before refusing"
+
+
+def test_sigterm_inside_an_asyncio_task_unwinds_without_a_traceback() -> None:
+    """The cause of a CI failure of the test above: SIGTERM raised KeyboardInterrupt in whichever frame it landed in,
+    there the terminal-stream reader's task, which kept it; asyncio printed 'Task exception was never retrieved'
+    with its traceback at exit. Here the signal is sent from inside such a task, so it always lands there."""
+    script = """
+import asyncio, os, signal, sys
+from tools import demo_train
+
+async def reader():
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(1000):
+        sum(range(1000))
+        await asyncio.sleep(0.01)
+
+async def job():
+    await asyncio.wait_for(asyncio.ensure_future(reader()), 30)
+
+demo_train.stop_on_sigterm()
+try:
+    asyncio.run(job())
+except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 130, result.stdout + result.stderr
+    assert result.stderr == "interrupted\n"
