@@ -19,6 +19,7 @@ from services._gen.agl.v1 import rollout_pb2
 from ..errors import FAILURE, USAGE, CliError
 from . import checks, collect, options
 from .session import run_interruptible
+from .signals import run_async
 from .stack import CHECKOUT, running_stack, while_services_run
 
 EVAL_LABEL = "agl_eval"
@@ -110,7 +111,7 @@ def _evaluate(args: argparse.Namespace, out: TextIO) -> int:
                 return records
 
         try:
-            records = asyncio.run(run_all())
+            records = run_async(run_all())
         except asyncio.TimeoutError:
             raise CliError(f"not every rollout ended within {deadline:.0f}s (agent logs: {stack.agent_logs})") from None
     if out.isatty():

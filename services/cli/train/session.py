@@ -11,7 +11,6 @@ its own module, plan.py.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -28,17 +27,12 @@ from services._gen.agl.v1 import run_pb2
 from ..errors import FAILURE, USAGE, CliError
 from . import checks, collect, export, lora, options, report
 from .plan import TrainPlan, plan_from_args, write_run_file
+from .signals import Interrupted, raise_on_signals, run_async
 from .stack import CHECKOUT, Stack, check_services, child_environment, running_stack, while_services_run
 
 METRICS_FILE = "metrics.jsonl"
 TRAJECTORIES_FILE = "trajectories.jsonl"
 SMOKE_LABEL = "agl_smoke"
-
-
-class Interrupted(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 # -- the model --------------------------------------------------------------------------------------------------
@@ -259,19 +253,6 @@ async def smoke_rollout(plan: TrainPlan, stack: Stack) -> dict[str, Any]:
     return record
 
 
-def raise_on_signals() -> dict[int, Any]:
-    """SIGINT and SIGTERM unwind as Interrupted, so every context manager stops what it started; Ctrl-C works even
-    where agl was started with SIGINT ignored (a shell's background job)."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise Interrupted(signum)
-
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig in previous:
-        signal.signal(sig, handler)
-    return previous
-
-
 def run_interruptible(command: str, body: Callable[[], int], out: TextIO) -> int:
     """body's exit code; Ctrl-C and SIGTERM stop every service it started (its context managers unwind) and end
     it with one line and 128 + the signal (agl eval, agl try)."""
@@ -319,7 +300,7 @@ def train(plan: TrainPlan, out: TextIO = sys.stdout, *, base_model: Path | None 
                     signal.signal(sig, signal.SIG_IGN)
                 step = max((int(r["step"]) for r in records), default=0)
                 with contextlib.suppress(Exception):
-                    asyncio.run(mark_run(stack, plan.run_id, f"interrupted by {stop} after step {step}"))
+                    run_async(mark_run(stack, plan.run_id, f"interrupted by {stop} after step {step}"))
                 raise
     except Interrupted as stop:
         step = max((int(r["step"]) for r in records), default=0)
@@ -371,14 +352,14 @@ def _train_in(
 ) -> tuple[int, dict[str, Any]]:
     """The smoke rollout, then the trainer followed to its end: (exit code, the summary's figures)."""
     out.write(f"console: {stack.console_url} (sign in with the key in {stack.key_file})\n")
-    stale = asyncio.run(clear_stale_pause(stack))
+    stale = run_async(clear_stale_pause(stack))
     if stale:
         out.write(f"resumed the proxies, paused by the interrupted trainer ({stale})\n")
     if plan.placement == "cpu":
         out.write("smoke rollout: the agent on the first task through the stack...\n")
         out.flush()
         try:
-            record = asyncio.run(smoke_rollout(plan, stack))
+            record = run_async(smoke_rollout(plan, stack))
         except CliError as err:  # a service stopped meanwhile
             write_run_file(plan, model_path, "failed", error=str(err))
             raise
@@ -415,12 +396,12 @@ def _train_in(
             )
     except CliError as err:  # a service stopped under the trainer (the trainer is stopped with it)
         with contextlib.suppress(Exception):
-            asyncio.run(mark_run(stack, plan.run_id, str(err)))
+            run_async(mark_run(stack, plan.run_id, str(err)))
         write_run_file(plan, model_path, "failed", error=str(err))
         raise
     if proc.returncode != 0:
         why = trainer_error(log_path)
-        asyncio.run(mark_run(stack, plan.run_id, f"the trainer exited with {proc.returncode}: {why}"))
+        run_async(mark_run(stack, plan.run_id, f"the trainer exited with {proc.returncode}: {why}"))
         write_run_file(plan, model_path, "failed", error=why)
         out.write(f"agl train: the trainer stopped (exit {proc.returncode}): {why}\n  log: {log_path}\n")
         return FAILURE, {}

@@ -22,6 +22,7 @@ from services.client import LedgerClient
 
 from ..errors import USAGE, CliError
 from . import lora as lora_module
+from .signals import run_async
 
 CHECKOUT = Path(__file__).resolve().parents[3]
 COMPOSE = CHECKOUT / "deploy" / "docker-compose.yaml"
@@ -163,15 +164,15 @@ def running_stack(
         # endpoints the ledger still holds from the last launch (gone), and fail as the agent's own errors. On GPUs
         # the trainer registers verl's replicas itself.
         if name == "ledger":
-            asyncio.run(register_engine(running["ledger"].address(ledger_port), key, model_name))
+            run_async(register_engine(running["ledger"].address(ledger_port), key, model_name))
         elif name == engine:
             port = int(specs[engine].env[port_of[engine]])
             url = f"http://{running[engine].address(port)}/v1"
             if lora_rank:  # the run's model name exists on the engine before the first push (the smoke rollout)
                 assert model_dir is not None
                 start = lora_module.write_start_adapter(model_dir, folder / "state" / "start-adapter", *lora)
-                asyncio.run(load_adapter(url.removesuffix("/v1"), model_name, start))
-            asyncio.run(register_engine(running["ledger"].address(ledger_port), key, model_name, url))
+                run_async(load_adapter(url.removesuffix("/v1"), model_name, start))
+            run_async(register_engine(running["ledger"].address(ledger_port), key, model_name, url))
 
     order = stack_module.start_order(specs)
     if engine:

@@ -28,6 +28,7 @@ from .checks import agent_import_path
 from .plan import KNOWN as TRAIN_OPTIONS
 from .plan import AgentPlan, agent_plan
 from .session import agent_log, run_interruptible
+from .signals import run_async
 from .stack import Stack, running_stack
 
 TRY_LABEL = "agl_try"
@@ -128,7 +129,7 @@ def try_agent(args: argparse.Namespace, out: TextIO) -> int:
         up = time.monotonic()
         out.write(f"services up in {up - started:.1f}s (the stand-in engine answers, no model); running the agent\n")
         out.flush()
-        found = asyncio.run(run_tasks(agent, count, stack, try_id))
+        found = run_async(run_tasks(agent, count, stack, try_id))
         took = time.monotonic() - up
         problems = []
         for index, (record, events) in enumerate(found):
