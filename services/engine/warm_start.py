@@ -45,19 +45,34 @@ class WarmStartResult:
 
 
 def _encode(
-    tokenizer: Any, messages: Messages, answer: str, eos_id: int, tools: Sequence[dict[str, Any]] | None
+    tokenizer: Any, messages: Messages | str, answer: str, eos_id: int, tools: Sequence[dict[str, Any]] | None
 ) -> tuple[list[int], list[int]]:
-    text = tokenizer.apply_chat_template(
-        messages, tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=False
-    )
+    """A string is a prompt already rendered by the model's chat template (a call kept from an earlier run)."""
+    if isinstance(messages, str):
+        text = messages
+    else:
+        text = tokenizer.apply_chat_template(
+            messages, tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=False
+        )
     prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
     response = tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos_id]
     return prompt + response, [-100] * len(prompt) + response
 
 
+def end_of_turn_id(tokenizer: Any) -> int:
+    """The token that ends an answer: the tiny model's end-of-turn marker, else the tokenizer's end of sequence
+    (an instruct model's end of turn, e.g. Qwen's <|im_end|>)."""
+    token_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    if token_id is not None and token_id != tokenizer.unk_token_id:
+        return int(token_id)
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"the tokenizer has neither {EOS_TOKEN} nor an end-of-sequence token to end an answer")
+    return int(tokenizer.eos_token_id)
+
+
 def warm_start(
     model_dir: Path | str,
-    examples: Sequence[tuple[Messages, str]],
+    examples: Sequence[tuple[Messages | str, str]],
     *,
     steps: int = 300,
     batch_size: int = 64,
@@ -70,6 +85,7 @@ def warm_start(
     stop_band: tuple[float, float] = (0.0, 1.0),
     check_every: int = 25,
     min_steps: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> WarmStartResult:
     """Trains the model in model_dir in place on (messages, answer) pairs and saves it back. `tools` (OpenAI
     function tools) are rendered into every prompt, as the engine renders a request that offers them. `threads`:
@@ -77,7 +93,8 @@ def warm_start(
     `probe(model, tokenizer, steps_trained)` scores the model (in eval mode) every `check_every` steps from
     `min_steps` on: a score within `stop_band` ends the run (`steps` is then the most it trains). A score above
     the band (the model went past it between two checks) takes the model and its optimizer back to the previous
-    check, once, and goes on checking five times as often; past it again, the run stops there."""
+    check, once, and goes on checking five times as often; past it again, the run stops there.
+    `on_step(steps_trained, loss)` is called after every step (progress)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as transformers_logging
@@ -92,7 +109,7 @@ def warm_start(
     out = Path(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="sdpa")
-    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    eos_id = end_of_turn_id(tokenizer)
     encoded = [_encode(tokenizer, messages, answer, eos_id, tools) for messages, answer in examples]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     # A linear warm-up: a random tiny model at full lr from step 0 stalls on a ~1.0 loss plateau.
@@ -141,6 +158,8 @@ def warm_start(
         optimizer.zero_grad(set_to_none=True)
         loss_value = float(loss.detach())
         step += 1
+        if on_step is not None:
+            on_step(step, loss_value)
     trained = step
     seconds = time.perf_counter() - started
     model.save_pretrained(out, safe_serialization=True)

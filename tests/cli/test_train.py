@@ -46,6 +46,8 @@ class ShopAgent:
         # Full marks for the answer, else a little for the reply's length: a random model's groups then get rewards
         # that differ (a learning signal) on every step.
         reward = 1.0 if want in reply else min(0.5, len(reply) / 100)
+        if os.environ.get("SHOP_MODE") == "flat":  # a reward that never varies: nothing for GRPO to learn
+            reward = 0.0
         httpx.post(
             os.environ["AGL_EVENT_URL"],
             json={"event_type": "reward", "data": {"value": reward}},
@@ -70,6 +72,11 @@ def workdir(tmp_path: Path) -> Path:
         for index in range(40):
             a, b = index % 7 + 1, index % 5 + 2
             tasks.write(json.dumps({"problem": f"{a} apples and {b} pears", "solution": str(a + b)}) + "\n")
+    # Supervised examples in the agent's own words (its prompt, the answer wanted).
+    with (tmp_path / "shop-sft.jsonl").open("w") as examples:
+        for a, b in [(1, 2), (3, 4), (5, 6), (7, 2), (2, 5)]:
+            prompt = f"shop clerk, count: {a} apples and {b} pears"
+            examples.write(json.dumps({"prompt": prompt, "answer": str(a + b)}) + "\n")
     return tmp_path
 
 
@@ -104,12 +111,16 @@ def test_train_runs_the_users_agent_on_their_tasks_then_export_and_eval(workdir:
 
     argv = ["train", *AGENT, "--data", "shop.jsonl", "--val", "shop.jsonl", *ENV_MAP, *SMALL]
     argv += ["--steps", "2", "--val-every", "2", "--run-id", "shop1", "agl.val_max_samples=8"]
+    argv += ["--sft-data", "shop-sft.jsonl", "--sft-steps", "20"]
     # What a GPU run saves (its engines get the weights in memory): the HF weights with each checkpoint.
     argv += ["actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
     result = agl(*argv, cwd=workdir)
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr[-3000:]
     output = workdir / "agl-runs" / "shop1"
+    assert "supervised start: 5 examples, 20 steps of 5 at lr 0.001" in out
+    assert "supervised start: step 20/20, loss " in out
+    assert re.search(r"pre-flight: [1-4] of 4 groups \(4 tasks x 4 samples\) with rewards that differ", out), out
     assert "smoke rollout: ok (1 model call(s)" in out
     assert "console: http://127.0.0.1:" in out
     steps = [line for line in out.splitlines() if line.startswith("step ")]
@@ -130,6 +141,7 @@ def test_train_runs_the_users_agent_on_their_tasks_then_export_and_eval(workdir:
 
     run = json.loads((output / "run.json").read_text())
     assert run["state"] == "succeeded" and run["run_id"] == "shop1"
+    assert run["base_model"] == str(output / "supervised-model")  # the run trained from the supervised start
     stored = asyncio.run(_ledger_run(output, "shop1"))
     assert stored.state == run_pb2.RUN_STATE_SUCCEEDED
 
@@ -296,6 +308,20 @@ def test_an_agent_that_fails_stops_before_training_with_its_own_error(workdir: P
     assert processes_mentioning(str(workdir)) == []
 
 
+def test_a_start_whose_rewards_never_differ_is_refused_by_the_preflight(workdir: Path) -> None:
+    argv = ["train", *AGENT, "--data", "shop.jsonl", *ENV_MAP, "--env-map", "SHOP_MODE=flat", *SMALL]
+    result = agl(*argv, "--run-id", "flat", cwd=workdir)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "smoke rollout: ok" in result.stdout
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("agl train: ")]
+    assert line.startswith("agl train: the start cannot learn: no group of 4 (4 tasks x 4 samples) had rewards")
+    assert "(every reward 0)" in line and "--sft-data FILE" in line
+    assert "run flat: " not in result.stdout  # the trainer never started
+    run = json.loads((workdir / "agl-runs" / "flat" / "run.json").read_text())
+    assert run["state"] == "failed" and "cannot learn" in run["error"]
+    assert processes_mentioning(str(workdir)) == []
+
+
 def _bad_inputs(workdir: Path) -> list[tuple[list[str], str]]:
     (workdir / "broken.jsonl").write_text('{"problem": "1", "solution": "1"}\n{"problem": oops}\n')
     (workdir / "nochat").mkdir()
@@ -324,6 +350,9 @@ def _bad_inputs(workdir: Path) -> list[tuple[list[str], str]]:
         ([*data, *AGENT, "--lora-alpha", "16"], "--lora-alpha applies to a LoRA run: give --lora-rank R"),
         ([*data, *AGENT, "--merge-adapter"], "--merge-adapter applies to a LoRA run: give --lora-rank R"),
         ([*data, *AGENT, "--lora-rank", "8", "--export-dtype", "bfloat16"], "the merged model's dtype in a LoRA run"),
+        ([*data, *AGENT, "--sft-steps", "5"], "--sft-steps applies to a supervised start: give --sft-data FILE"),
+        ([*data, *AGENT, "--sft-data", "none.jsonl"], "--sft-data none.jsonl: no such file"),
+        ([*data, *AGENT, "--sft-data", "broken.jsonl"], "--sft-data broken.jsonl line 1: "),
     ]
 
 

@@ -27,7 +27,6 @@ EXPORT_DTYPES = ("trained", "float32", "bfloat16", "float16")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Learning rates that move a model without wrecking it: the ~1 M-parameter tiny model needs a large one.
-DEFAULT_LR = {TINY_MODEL: 1e-4, "model": 1e-6}
 
 
 def bounded(kind: type, low: float, *, strict: bool = False) -> Callable[[str], Any]:
@@ -97,7 +96,24 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     group.add_argument("--steps", type=positive_int, default=None, help="GRPO steps (20)")
     group.add_argument("--tasks-per-step", type=positive_int, default=None, help="tasks per step (8)")
     group.add_argument("--group-size", type=positive_int, default=None, help="rollouts per task (4)")
-    group.add_argument("--lr", type=non_negative_float, default=None, help="learning rate (tiny 1e-4, else 1e-6)")
+    group.add_argument(
+        "--lr",
+        type=non_negative_float,
+        default=None,
+        help="learning rate (by the model's size: 1e-4 at 1 M parameters down to 1e-6 at 10 B)",
+    )
+    group.add_argument(
+        "--sft-data",
+        type=Path,
+        help="supervised examples to warm-start the model from before RL (JSONL: chats with their answers, "
+        "prompt/answer pairs, or an earlier run's trajectories.jsonl)",
+    )
+    group.add_argument(
+        "--sft-steps", type=positive_int, default=None, help="supervised steps (tiny 300, else 3 epochs)"
+    )
+    group.add_argument(
+        "--sft-lr", type=positive_float, default=None, help="supervised learning rate (tiny 1e-3, else 1e-5)"
+    )
     group.add_argument("--val-every", type=non_negative_int, default=None, help="steps between held-out scores (10)")
     group.add_argument("--save-every", type=positive_int, default=None, help="steps between checkpoints (10)")
     group.add_argument("--placement", choices=PLACEMENTS, default=None, help="auto: GPUs when present, else CPU")
@@ -300,7 +316,3 @@ LENGTHS = {TINY_MODEL: (256, 256), "model": (2048, 1024)}
 def lengths(model: str, prompt: int | None, response: int | None) -> tuple[int, int]:
     prompt_default, response_default = LENGTHS[TINY_MODEL if model == TINY_MODEL else "model"]
     return prompt or prompt_default, response or response_default
-
-
-def default_lr(model: str) -> float:
-    return DEFAULT_LR[TINY_MODEL] if model == TINY_MODEL else DEFAULT_LR["model"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import USAGE, CliError
-from . import checks, options
+from . import checks, learning_rate, options, sft
 from .stack import CHECKOUT
 
 RUN_FILE = "run.json"
@@ -94,13 +94,18 @@ class TrainPlan:
     lora_rank: int = 0
     lora_alpha: int = 0
     merge_adapter: bool = False
+    # The supervised start (--sft-data, services/cli/train/sft.py): its examples and settings; None: none.
+    sft_examples: list[sft.Example] = field(default_factory=list)
+    supervised: sft.SupervisedSettings | None = None
+    # The pre-flight's sampled groups (preflight.py); off where the caller measured the start itself (make demo).
+    preflight: bool = True
 
 
 KNOWN = (
     "data", "val", "agent_class", "command", "env_map", "rollout_timeout", "max_prompt_length",
     "max_response_length", "model", "steps", "tasks_per_step", "group_size", "lr", "val_every", "save_every",
     "placement", "export_dtype", "output", "run_id", "resume", "allow_no_learning", "tool_call_parser", "lora_rank",
-    "lora_alpha", "merge_adapter",
+    "lora_alpha", "merge_adapter", "sft_data", "sft_steps", "sft_lr",
 )  # fmt: skip
 
 
@@ -152,8 +157,13 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         if "val_every" in args.given:
             raise CliError("--val-every scores the held-out tasks: give them with --val FILE", USAGE)
         args.val_every = 0
-    lr = float(args.lr) if args.lr is not None else options.default_lr(model)
     lora_rank, lora_alpha = lora_settings(args, placement)
+    if args.lr is not None:
+        lr = float(args.lr)
+    else:
+        size = learning_rate.REFERENCE_PARAMETERS if model == options.TINY_MODEL else None
+        lr = learning_rate.default_lr(size or learning_rate.parameter_count(Path(model)), lora=bool(lora_rank))
+    examples, supervised = supervised_settings(args, model)
     plan = TrainPlan(
         run_id=run_id,
         output=output,
@@ -183,8 +193,23 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         lora_rank=lora_rank,
         lora_alpha=lora_alpha,
         merge_adapter=bool(args.merge_adapter),
+        sft_examples=examples,
+        supervised=supervised,
     )
     return plan
+
+
+def supervised_settings(
+    args: argparse.Namespace, model: str
+) -> tuple[list[sft.Example], sft.SupervisedSettings | None]:
+    """The examples of --sft-data, read and checked now; --sft-steps and --sft-lr are refused without them."""
+    if args.sft_data is None:
+        for name in ("sft_steps", "sft_lr"):
+            if name in args.given:
+                raise CliError(f"--{name.replace('_', '-')} applies to a supervised start: give --sft-data FILE", USAGE)
+        return [], None
+    examples = sft.load_examples(Path(args.sft_data))
+    return examples, sft.default_settings(model, len(examples), args.sft_steps, args.sft_lr)
 
 
 def lora_settings(args: argparse.Namespace, placement: str) -> tuple[int, int]:

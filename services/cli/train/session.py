@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from services._gen.agl.v1 import run_pb2
 
 from ..errors import FAILURE, USAGE, CliError
-from . import checks, collect, export, lora, options, report
+from . import checks, collect, export, lora, options, preflight, report, sft
 from .plan import TrainPlan, plan_from_args, write_run_file
 from .signals import Interrupted, raise_on_signals, run_async
 from .stack import CHECKOUT, Stack, check_services, child_environment, running_stack, while_services_run
@@ -59,7 +59,8 @@ def tiny_model(plan: TrainPlan, out: TextIO) -> Path:
         return path
     out.write("model: a tiny random model (--model tiny; pass --model DIR to train a real one)\n")
     partial = path.with_name("base-model.partial")
-    build_tiny_model(partial, corpus=[text for task in plan.tasks for text in task_strings(task)])
+    corpus = [text for task in plan.tasks for text in task_strings(task)]
+    build_tiny_model(partial, corpus=corpus + list(sft.example_strings(plan.sft_examples)))
     partial.rename(path)
     return path
 
@@ -273,6 +274,10 @@ def train(plan: TrainPlan, out: TextIO = sys.stdout, *, base_model: Path | None 
     """Runs the plan; the exit code. base_model: a model the caller prepared (else --model, or the tiny one)."""
     plan.output.mkdir(parents=True, exist_ok=True)
     model_path = base_model or (tiny_model(plan, out) if plan.model == options.TINY_MODEL else Path(plan.model))
+    if plan.supervised is not None:
+        model_path = sft.supervised_start(
+            model_path, plan.sft_examples, plan.supervised, plan.output / "supervised-model", out
+        )
     if not plan.resume:
         for stale in (METRICS_FILE, TRAJECTORIES_FILE, "reward_curve.png"):
             (plan.output / stale).unlink(missing_ok=True)
@@ -347,6 +352,55 @@ def train(plan: TrainPlan, out: TextIO = sys.stdout, *, base_model: Path | None 
     return 0
 
 
+async def preflight_rollouts(plan: TrainPlan, stack: Stack, first: int, count: int) -> list[dict[str, Any]]:
+    """A group of the run's size on each of `count` tasks from task `first`, sampled as training samples."""
+    stamp = int(time.time())
+    labels = {SMOKE_LABEL: plan.run_id}
+    specs = [
+        collect.agent_spec(
+            plan, f"{plan.run_id}-preflight-{stamp}-{task}-{sample}", plan.tasks[task], {**labels, "group": f"g{task}"},
+            is_train=True,
+        )
+        for task in range(first, first + count)
+        for sample in range(plan.group_size)
+    ]  # fmt: skip
+    async with stack.client() as client:
+        rollouts = collect.run_rollouts(client, specs, labels, deadline_s=plan.rollout_timeout + 120)
+        records = await while_services_run(stack, rollouts)
+        await client.delete_rollouts([spec.rollout_id for spec in specs])
+    return records
+
+
+def _preflight(stack: Stack, plan: TrainPlan, model_path: Path, out: TextIO) -> int | None:
+    """The pre-flight's line; an exit code when the run stops here (a rollout failed, or GRPO cannot learn)."""
+    limit = min(preflight.MAX_TASKS, len(plan.tasks))
+    records: list[dict[str, Any]] = []
+    while True:
+        count = min(preflight.ROUND_TASKS, limit - len(records) // plan.group_size)
+        out.write(f"pre-flight: {count}{' more' if records else ''} tasks x {plan.group_size} samples...\n")
+        out.flush()
+        records += run_async(preflight_rollouts(plan, stack, len(records) // plan.group_size, count))
+        for record in records:
+            problem = collect.rollout_problem(record, agent_log(stack, record["rollout_id"]))
+            if problem:
+                write_run_file(plan, model_path, "failed", error=problem)
+                out.write(f"agl train: a pre-flight rollout failed, nothing was trained: {problem}\n")
+                return USAGE
+        found = preflight.judge(records, plan.group_size)
+        if found.mixed_groups or found.groups >= limit:
+            break
+    out.write(f"pre-flight: {found.line()}\n")
+    refusal = found.refusal()
+    if refusal is None:
+        return None
+    if plan.allow_no_learning:
+        out.write(f"note: {refusal}\n")
+        return None
+    write_run_file(plan, model_path, "failed", error=refusal)
+    out.write(f"agl train: {refusal}\n")
+    return FAILURE
+
+
 def _train_in(
     stack: Stack, plan: TrainPlan, model_path: Path, out: TextIO, records: list[dict[str, Any]]
 ) -> tuple[int, dict[str, Any]]:
@@ -369,6 +423,10 @@ def _train_in(
             out.write(f"agl train: the smoke rollout failed, nothing was trained: {problem}\n")
             return USAGE, {}
         out.write(f"smoke rollout: ok ({len(record['calls'])} model call(s), reward {record['reward']})\n")
+        if plan.preflight and not plan.resume:  # a resumed run learned from its start already
+            refused = _preflight(stack, plan, model_path, out)
+            if refused is not None:
+                return refused, {}
     argv = [sys.executable, "-m", "services.trainer", *trainer_overrides(plan, stack, model_path)]
     log_path = stack.logs / "trainer.log"
     trainer_metrics = stack.logs / "trainer-metrics.jsonl"
