@@ -111,7 +111,7 @@ def test_train_runs_the_users_agent_on_their_tasks_then_export_and_eval(workdir:
 
     argv = ["train", *AGENT, "--data", "shop.jsonl", "--val", "shop.jsonl", *ENV_MAP, *SMALL]
     argv += ["--steps", "2", "--val-every", "2", "--run-id", "shop1", "agl.val_max_samples=8"]
-    argv += ["--sft-data", "shop-sft.jsonl", "--sft-steps", "20"]
+    argv += ["--sft-data", "shop-sft.jsonl", "--sft-steps", "20", "--report-to", "tensorboard"]
     # What a GPU run saves (its engines get the weights in memory): the HF weights with each checkpoint.
     argv += ["actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
     result = agl(*argv, cwd=workdir)
@@ -138,6 +138,13 @@ def test_train_runs_the_users_agent_on_their_tasks_then_export_and_eval(workdir:
         assert f"shop clerk, count: {record['input']['problem']}" in call["prompt"]
     metrics = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0, 1, 2]
+    # --report-to tensorboard: the same steps as TensorBoard event files in the run folder.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = (output / "tensorboard").glob("events.out.tfevents.*")
+    accumulator = EventAccumulator(str(events))
+    accumulator.Reload()
+    assert [event.step for event in accumulator.Scalars("critic/score/mean")] == [1, 2]
 
     run = json.loads((output / "run.json").read_text())
     assert run["state"] == "succeeded" and run["run_id"] == "shop1"
@@ -350,6 +357,7 @@ def _bad_inputs(workdir: Path) -> list[tuple[list[str], str]]:
         ([*data, *AGENT, "--lora-alpha", "16"], "--lora-alpha applies to a LoRA run: give --lora-rank R"),
         ([*data, *AGENT, "--merge-adapter"], "--merge-adapter applies to a LoRA run: give --lora-rank R"),
         ([*data, *AGENT, "--lora-rank", "8", "--export-dtype", "bfloat16"], "the merged model's dtype in a LoRA run"),
+        ([*data, *AGENT, "--report-to", "comet"], "--report-to 'comet': one of tensorboard, wandb, mlflow"),
         ([*data, *AGENT, "--sft-steps", "5"], "--sft-steps applies to a supervised start: give --sft-data FILE"),
         ([*data, *AGENT, "--sft-data", "none.jsonl"], "--sft-data none.jsonl: no such file"),
         ([*data, *AGENT, "--sft-data", "broken.jsonl"], "--sft-data broken.jsonl line 1: "),

@@ -112,3 +112,29 @@ def test_the_preflight_refuses_groups_whose_rewards_never_differ() -> None:
     found = preflight.judge(mixed, 4)
     assert found.refusal() is None
     assert found.line() == "1 of 4 groups (4 tasks x 4 samples) with rewards that differ, mean reward 0.062"
+
+
+def test_report_targets_are_parsed_checked_and_write_into_the_run_folder(tmp_path: Path) -> None:
+    from services.cli.train import reporting
+
+    assert reporting.parse_targets(["tensorboard", "wandb,tensorboard"]) == ("tensorboard", "wandb")
+    with pytest.raises(CliError, match="--report-to 'comet': one of tensorboard, wandb, mlflow"):
+        reporting.parse_targets(["comet"])
+    assert reporting.trainer_loggers(("tensorboard",)) == "trainer.logger=[console,file,tensorboard]"
+    env = reporting.trainer_environment(("tensorboard", "wandb", "mlflow"), tmp_path, {})
+    assert env == {
+        "TENSORBOARD_DIR": str(tmp_path / "tensorboard"),
+        "WANDB_DIR": str(tmp_path),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+    }
+    assert reporting.trainer_environment(("tensorboard",), tmp_path, {"TENSORBOARD_DIR": "/tb"}) == {
+        "TENSORBOARD_DIR": "/tb"
+    }
+    reporting.check_targets(("wandb",), {"WANDB_MODE": "offline"})
+    reporting.check_targets(("wandb",), {"WANDB_API_KEY": "k"})
+    home = tmp_path / "home"
+    home.mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", str(home))  # no ~/.netrc: never logged in
+        with pytest.raises(CliError, match="WANDB_MODE=offline"):
+            reporting.check_targets(("wandb",), {})

@@ -128,6 +128,13 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     group.add_argument(
         "--merge-adapter", action="store_true", help="LoRA: also write the base model with the adapter merged in"
     )
+    group.add_argument(
+        "--report-to",
+        action="append",
+        default=None,
+        metavar="TARGET",
+        help="the metrics also to tensorboard, wandb or mlflow (repeat it or separate with commas)",
+    )
     group.add_argument("--output", type=Path, help="results folder (agl-runs/RUN_ID)")
     group.add_argument("--run-id", help="names the run (a new one unless --resume)")
     group.add_argument("--resume", action="store_true", help="continue --run-id from its last checkpoint")

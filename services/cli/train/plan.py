@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import USAGE, CliError
-from . import checks, learning_rate, options, sft
+from . import checks, learning_rate, options, reporting, sft
 from .stack import CHECKOUT
 
 RUN_FILE = "run.json"
@@ -99,6 +99,8 @@ class TrainPlan:
     supervised: sft.SupervisedSettings | None = None
     # The pre-flight's sampled groups (preflight.py); off where the caller measured the start itself (make demo).
     preflight: bool = True
+    # --report-to (reporting.py): the metrics also to these loggers.
+    report_to: tuple[str, ...] = ()
 
 
 KNOWN = (
@@ -106,6 +108,7 @@ KNOWN = (
     "max_response_length", "model", "steps", "tasks_per_step", "group_size", "lr", "val_every", "save_every",
     "placement", "export_dtype", "output", "run_id", "resume", "allow_no_learning", "tool_call_parser", "lora_rank",
     "lora_alpha", "merge_adapter", "sft_data", "sft_steps", "sft_lr",
+    "report_to",
 )  # fmt: skip
 
 
@@ -164,6 +167,8 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         size = learning_rate.REFERENCE_PARAMETERS if model == options.TINY_MODEL else None
         lr = learning_rate.default_lr(size or learning_rate.parameter_count(Path(model)), lora=bool(lora_rank))
     examples, supervised = supervised_settings(args, model)
+    report_to = reporting.parse_targets(args.report_to or [])
+    reporting.check_targets(report_to)
     plan = TrainPlan(
         run_id=run_id,
         output=output,
@@ -195,6 +200,7 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         merge_adapter=bool(args.merge_adapter),
         sft_examples=examples,
         supervised=supervised,
+        report_to=report_to,
     )
     return plan
 

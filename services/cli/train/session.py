@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from services._gen.agl.v1 import run_pb2
 
 from ..errors import FAILURE, USAGE, CliError
-from . import checks, collect, export, lora, options, preflight, report, sft
+from . import checks, collect, export, lora, options, preflight, report, reporting, sft
 from .plan import TrainPlan, plan_from_args, write_run_file
 from .signals import Interrupted, raise_on_signals, run_async
 from .stack import CHECKOUT, Stack, check_services, child_environment, running_stack, while_services_run
@@ -100,7 +100,7 @@ def trainer_overrides(plan: TrainPlan, stack: Stack, model_path: Path) -> list[s
         f"trainer.val_before_train={'true' if plan.val_file else 'false'}",
         f"trainer.save_freq={plan.save_every}",
         "trainer.resume_mode=auto",
-        "trainer.logger=[console,file]",
+        reporting.trainer_loggers(plan.report_to),
         # Every checkpoint of a real model is its size again (with the optimizer's state, three times it).
         "trainer.max_actor_ckpt_to_keep=2",
         f"trainer.default_local_dir={plan.output / 'checkpoints'}",
@@ -431,7 +431,8 @@ def _train_in(
     log_path = stack.logs / "trainer.log"
     trainer_metrics = stack.logs / "trainer-metrics.jsonl"
     trainer_metrics.unlink(missing_ok=True)
-    env = child_environment({"VERL_FILE_LOGGER_PATH": str(trainer_metrics), "AGL_KEY": stack.key})
+    reporters = reporting.trainer_environment(plan.report_to, plan.output)
+    env = child_environment({"VERL_FILE_LOGGER_PATH": str(trainer_metrics), "AGL_KEY": stack.key, **reporters})
     what = f"{plan.steps} steps of {plan.tasks_per_step} tasks x {plan.group_size} rollouts"
     verb = "resuming" if plan.resume else "training"
     out.write(f"run {plan.run_id}: {verb}, {what}, {plan.placement} (trainer log: {log_path})\n")
