@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from services.client import LedgerClient, LedgerError, RetryPolicy
 
-from . import errors, local, ops, rollouts, runs
+from . import errors, local, ops, rollouts, runs, stored
 from .config import add_global_flags, from_args
 
 
@@ -37,9 +37,22 @@ async def run(args: argparse.Namespace) -> int:
     try:
         return await args.handler(client, args)
     except LedgerError as err:
-        raise errors.from_rpc(err, config.ledger) from None
+        # The services of agl train and make demo stop with them: their runs are read from the run folder.
+        hint = "; a finished agl train or make demo run: --from its folder" if "from_dir" in args else ""
+        raise errors.from_rpc(err, config.ledger, hint) from None
     finally:
         await client.close()
+
+
+def from_stored(args: argparse.Namespace) -> int:
+    """The command against a finished run's ledger, served from its folder for the command's length."""
+    if args.ledger is not None or args.key is not None:
+        raise errors.CliError(
+            "--from serves the run's own stored ledger with its key: leave out --ledger and --key", errors.USAGE
+        )
+    with stored.serving(args.from_dir, console=False) as served:
+        args.ledger, args.key = served.ledger, served.key
+        return asyncio.run(run(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if getattr(args, "local_handler", None) is not None:  # starts its own services: no --ledger client
             return args.local_handler(args)
+        if getattr(args, "from_dir", None):
+            return from_stored(args)
         return asyncio.run(run(args))
     except errors.CliError as exc:
         print(f"agl: {exc}", file=sys.stderr)

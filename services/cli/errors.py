@@ -24,11 +24,11 @@ class CliError(Exception):
         self.code = code
 
 
-def from_rpc(err: LedgerError, address: str) -> CliError:
+def from_rpc(err: LedgerError, address: str, unreachable_hint: str = "") -> CliError:
     if isinstance(err, Transient):
         return CliError(
             f"cannot reach the ledger at {address} ({err.code_name.lower()}); is it running? "
-            "set --ledger or AGL_LEDGER_ADDR",
+            f"set --ledger or AGL_LEDGER_ADDR{unreachable_hint}",
             UNREACHABLE,
         )
     if isinstance(err, Refused):

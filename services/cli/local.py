@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 
 from .train import options
 
@@ -12,6 +13,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     options.add_try_parser(sub).set_defaults(local_handler=_try)
     options.add_eval_parser(sub).set_defaults(local_handler=_eval)
     options.add_export_parser(sub).set_defaults(local_handler=_export)
+    p = sub.add_parser(
+        "open",
+        help="serve a finished run's stored ledger and console again, until Ctrl-C",
+        description="agl train and make demo stop their services when they end; the run's ledger (SQLite) and key "
+        "stay in its folder. This starts the ledger and the console on them, on free loopback ports.",
+    )
+    p.add_argument("run", help="the run's folder (agl-runs/RUN, demo-output) or its run id")
+    p.set_defaults(local_handler=_open)
 
 
 # The heavy modules (torch, the deploy stack) load only when a command runs: `agl rollouts` stays fast.
@@ -37,3 +46,24 @@ def _export(args: argparse.Namespace) -> int:
     from .train.export import run_export_command
 
     return run_export_command(args.run, args.to, args.dtype, args.merge_adapter)
+
+
+def _open(args: argparse.Namespace) -> int:
+    from .stored import serving
+    from .train.signals import Interrupted, raise_on_signals
+
+    previous = raise_on_signals()
+    try:
+        with serving(args.run, console=True) as served:
+            key_file = served.folder / "key"
+            print(f"run folder {served.folder}")
+            print(f"console: {served.console_url} (sign in with the key in {key_file})")
+            print(f'ledger: {served.ledger}, e.g. agl --ledger {served.ledger} --key "$(cat {key_file})" runs')
+            print("Ctrl-C stops them", flush=True)
+            while True:
+                signal.pause()
+    except Interrupted:
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

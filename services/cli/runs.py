@@ -31,6 +31,7 @@ HEALTH_STEPS = 10
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="list training runs")
+    add_from_option(p)
     p.add_argument("--state", action="append", default=[], choices=sorted(render.RUN_STATES))
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--json", action="store_true")
@@ -38,6 +39,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("run", help="one run: its steps and metrics as a table")
     p.add_argument("run_id")
+    add_from_option(p)
     p.add_argument("--metric", action="append", default=[], help="a metric column (repeatable); default a few")
     p.add_argument("--all-metrics", action="store_true", help="every metric, one line per step and metric")
     p.add_argument("--last", type=int, default=0, help="only the last N steps")
@@ -49,6 +51,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=show_run)
+
+
+def add_from_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--from",
+        dest="from_dir",
+        metavar="DIR",
+        help="read a finished run's stored ledger: its folder (agl-runs/RUN, demo-output) or run id",
+    )
 
 
 async def list_runs(client: LedgerClient, args: argparse.Namespace) -> int:

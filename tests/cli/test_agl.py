@@ -155,6 +155,22 @@ def test_ledger_down_is_one_line_exit_3():
     assert result.out == ""
 
 
+def test_runs_from_a_folder_without_a_stored_ledger_is_one_line(tmp_path):
+    address = f"127.0.0.1:{free_port()}"
+    result = run_agl("runs", ledger=address)
+    assert result.code == 3 and result.err.strip().endswith(
+        "; a finished agl train or make demo run: --from its folder"
+    )
+    result = run_agl("runs", "--from", str(tmp_path), ledger=address)
+    assert result.code == 2
+    assert (
+        result.err == f"agl: --from {tmp_path}: no stored ledger there ({tmp_path}/stack/ledger-data/ledger.db "
+        "and its key file, as agl train and make demo leave in their run folder)\n"
+    )
+    result = run_agl("--ledger", address, "run", "r1", "--from", str(tmp_path), ledger=address)
+    assert result.code == 2 and "--from serves the run's own stored ledger with its key" in result.err
+
+
 def test_wrong_or_missing_key_says_so_exit_4(ledger):
     for key in ("wrong-key", None):
         result = run_agl("models", ledger=ledger.address, key=key)

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -110,8 +111,8 @@ def test_train_runs_the_users_agent_on_their_tasks_then_export_and_eval(workdir:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     argv = ["train", *AGENT, "--data", "shop.jsonl", "--val", "shop.jsonl", *ENV_MAP, *SMALL]
-    argv += ["--steps", "2", "--val-every", "2", "--run-id", "shop1", "agl.val_max_samples=8"]
     argv += ["--sft-data", "shop-sft.jsonl", "--sft-steps", "20", "--report-to", "tensorboard"]
+    argv += ["--steps", "2", "--val-every", "2", "--run-id", "shop1", "agl.val_max_samples=8"]
     # What a GPU run saves (its engines get the weights in memory): the HF weights with each checkpoint.
     argv += ["actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
     result = agl(*argv, cwd=workdir)
@@ -151,6 +152,20 @@ def test_train_runs_the_users_agent_on_their_tasks_then_export_and_eval(workdir:
     assert run["base_model"] == str(output / "supervised-model")  # the run trained from the supervised start
     stored = asyncio.run(_ledger_run(output, "shop1"))
     assert stored.state == run_pb2.RUN_STATE_SUCCEEDED
+
+    # The services stopped with agl train; the run is read again from its folder's stored ledger.
+    listed = agl("runs", "--from", str(output), cwd=workdir, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(r"^shop1\s+succeeded\s+3\s+2\s", listed.stdout, re.MULTILINE), listed.stdout
+    opened = _start(["open", "shop1"], workdir)  # a run id: agl-runs/shop1
+    assert opened.stdout is not None
+    lines = [opened.stdout.readline() for _ in range(4)]
+    console_url = lines[1].split()[1]
+    assert lines[1].startswith("console: http://127.0.0.1:") and lines[3] == "Ctrl-C stops them\n", lines
+    assert httpx.get(console_url, timeout=10).status_code in (200, 303)  # the sign-in page or its redirect
+    opened.send_signal(signal.SIGINT)
+    assert opened.wait(timeout=60) == 0
+    assert processes_mentioning(str(output / "stack")) == []
 
     # The model: loads in transformers, in the dtype it was trained in, with the tokenizer and chat template.
     model_dir = output / "model"
@@ -316,7 +331,9 @@ def test_an_agent_that_fails_stops_before_training_with_its_own_error(workdir: P
 
 
 def test_a_start_whose_rewards_never_differ_is_refused_by_the_preflight(workdir: Path) -> None:
-    argv = ["train", *AGENT, "--data", "shop.jsonl", *ENV_MAP, "--env-map", "SHOP_MODE=flat", *SMALL]
+    # Four tasks: the pre-flight samples them all in its first round and has no more to try.
+    (workdir / "four.jsonl").write_text("".join((workdir / "shop.jsonl").read_text().splitlines(True)[:4]))
+    argv = ["train", *AGENT, "--data", "four.jsonl", *ENV_MAP, "--env-map", "SHOP_MODE=flat", *SMALL]
     result = agl(*argv, "--run-id", "flat", cwd=workdir)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert "smoke rollout: ok" in result.stdout

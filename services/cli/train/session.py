@@ -376,10 +376,11 @@ def _preflight(stack: Stack, plan: TrainPlan, model_path: Path, out: TextIO) -> 
     limit = min(preflight.MAX_TASKS, len(plan.tasks))
     records: list[dict[str, Any]] = []
     while True:
-        count = min(preflight.ROUND_TASKS, limit - len(records) // plan.group_size)
+        sampled = len(records) // plan.group_size
+        count = min(max(preflight.FIRST_ROUND_TASKS, sampled), limit - sampled)  # 4, 4, 8, 16: doubling
         out.write(f"pre-flight: {count}{' more' if records else ''} tasks x {plan.group_size} samples...\n")
         out.flush()
-        records += run_async(preflight_rollouts(plan, stack, len(records) // plan.group_size, count))
+        records += run_async(preflight_rollouts(plan, stack, sampled, count))
         for record in records:
             problem = collect.rollout_problem(record, agent_log(stack, record["rollout_id"]))
             if problem:
