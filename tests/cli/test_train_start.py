@@ -138,3 +138,24 @@ def test_report_targets_are_parsed_checked_and_write_into_the_run_folder(tmp_pat
         patch.setenv("HOME", str(home))  # no ~/.netrc: never logged in
         with pytest.raises(CliError, match="WANDB_MODE=offline"):
             reporting.check_targets(("wandb",), {})
+
+
+def test_an_interrupted_run_of_the_same_agent_and_data_is_named(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from services.cli.train.plan import unfinished_runs_like
+
+    def run_file(run_id: str, **record: object) -> None:
+        folder = tmp_path / run_id
+        folder.mkdir()
+        base = {"run_id": run_id, "agent_class": "a:A", "command": [], "data": "/d/tasks.jsonl", "state": "interrupted"}
+        (folder / "run.json").write_text(json.dumps({**base, **record}))
+
+    run_file("r1", step=3)
+    run_file("r2", state="succeeded")
+    run_file("r3", data="/d/other.jsonl")
+    run_file("r4", agent_class="b:B")
+    (tmp_path / "r5").mkdir()
+    (tmp_path / "r5" / "run.json").write_text("{broken")
+    plan = SimpleNamespace(agent_class="a:A", command=(), train_file=Path("/d/tasks.jsonl"))
+    assert unfinished_runs_like(plan, tmp_path) == [("r1", 3)]  # type: ignore[arg-type]

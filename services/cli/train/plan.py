@@ -282,3 +282,15 @@ def write_run_file(plan: TrainPlan, base_model: Path, state: str, **extra: Any) 
         **extra,
     }
     (plan.output / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def unfinished_runs_like(plan: TrainPlan, runs_dir: Path) -> list[tuple[str, int]]:
+    """Runs in runs_dir that were interrupted with the same agent and training data as this new run: (run id, last
+    step). Starting the same command again after Ctrl-C makes a new run; the user is told which one to resume."""
+    found = []
+    for run_file in sorted(runs_dir.glob(f"*/{RUN_FILE}")):
+        record = read_run_file(run_file.parent) or {}
+        same_agent = record.get("agent_class") == plan.agent_class and record.get("command") == list(plan.command)
+        if record.get("state") == "interrupted" and same_agent and record.get("data") == str(plan.train_file):
+            found.append((str(record.get("run_id")), int(record.get("step") or 0)))
+    return found
