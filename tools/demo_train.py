@@ -153,7 +153,7 @@ def prepare_model(
     GRPO cannot learn from is refused (SystemExit with the figure and the rule) unless refuse is False."""
     from services.engine import start_quality
     from services.engine.tiny_model import RECIPE_FILE, build_tiny_model
-    from services.engine.warm_start import warm_start
+    from services.engine.warm_start import progress_lines, warm_start
 
     examples = agent.warm_examples(train)
     recipe = {
@@ -190,6 +190,7 @@ def prepare_model(
             probe=warm_probe(agent, train, out),
             stop_band=(agent.warm_stop_accuracy or 0.0, agent.warm_stop_below),
             min_steps=agent.warm_min_steps,
+            on_step=progress_lines(out, "model: warm start", warm_steps, may_stop=agent.warm_stop_accuracy is not None),
         )
         out.write(
             f"model: warm start {result.steps} steps in {result.seconds:.0f}s (loss {result.loss:.3f}); "

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from .tiny_model import EOS_TOKEN, RECIPE_FILE, make_readable
 
@@ -35,6 +35,23 @@ def threads_for_load(own_threads: int) -> int:
     cores = len(os.sched_getaffinity(0))
     others = os.getloadavg()[0] - own_threads
     return cores if others < 0.5 else 1
+
+
+def progress_lines(out: TextIO, label: str, total: int, *, may_stop: bool = False) -> Callable[[int, float], None]:
+    """An `on_step` for warm_start: a line every tenth of `total` steps with the loss and the time left (a start
+    can take minutes on a loaded machine; one silent line for all of it reads as a hang). `may_stop`: a probe may
+    end the run before `total`, so the time left is an upper bound."""
+    started = time.monotonic()
+    every = max(1, total // 10)
+
+    def progress(step: int, loss: float) -> None:
+        if step % every == 0 or step == total:
+            left = (time.monotonic() - started) / step * (total - step)
+            bound = " at most" if may_stop else ""
+            out.write(f"{label}: step {step}/{total}, loss {loss:.3f}, ~{left:.0f}s left{bound}\n")
+            out.flush()
+
+    return progress
 
 
 @dataclass(frozen=True)

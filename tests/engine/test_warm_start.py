@@ -45,3 +45,18 @@ def test_past_the_band_again_at_the_finer_pace_it_stops_there(tmp_path: Path) ->
 def test_never_in_the_band_it_runs_every_step(tmp_path: Path) -> None:
     asked, trained = run(tmp_path, {})
     assert asked == [10, 20, 30] and trained == 40
+
+
+def test_progress_is_a_line_every_tenth_of_the_steps_and_a_string_prompt_is_taken_as_rendered(tmp_path: Path) -> None:
+    import io
+
+    from services.engine.warm_start import progress_lines
+
+    model = build_tiny_model(tmp_path / "model", hidden=64, layers=1)
+    out = io.StringIO()
+    # A prompt already rendered by the chat template (a call kept from an earlier run) beside chat messages.
+    examples = [*EXAMPLES[:4], ("<|im_start|>user\n1 + 1<|im_end|>\n<|im_start|>assistant\n", "2")]
+    warm_start(model, examples, steps=20, batch_size=4, threads=1, on_step=progress_lines(out, "start", 20))
+    lines = out.getvalue().splitlines()
+    assert [line.split(",")[0] for line in lines] == [f"start: step {step}/20" for step in range(2, 21, 2)]
+    assert lines[-1].endswith("~0s left")

@@ -18,7 +18,6 @@ import hashlib
 import json
 import math
 import shutil
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,7 +132,7 @@ def supervised_start(
     base: Path, examples: list[Example], settings: SupervisedSettings, target: Path, out: TextIO
 ) -> Path:
     """The base model trained on the examples, in target (kept: a resumed run or a rerun uses it again)."""
-    from services.engine.warm_start import warm_start
+    from services.engine.warm_start import progress_lines, warm_start
 
     wanted = stamp(base, examples, settings)
     stamp_path = target / STAMP_FILE
@@ -146,16 +145,6 @@ def supervised_start(
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     shutil.copytree(base, partial)
-    started = time.monotonic()
-    every = max(1, settings.steps // 10)
-
-    def progress(step: int, loss: float) -> None:
-        if step % every == 0 or step == settings.steps:
-            elapsed = time.monotonic() - started
-            left = elapsed / step * (settings.steps - step)
-            out.write(f"supervised start: step {step}/{settings.steps}, loss {loss:.3f}, {left:.0f}s left\n")
-            out.flush()
-
     result = warm_start(
         partial,
         [(example.prompt, example.answer) for example in examples],
@@ -163,7 +152,7 @@ def supervised_start(
         batch_size=settings.batch_size,
         lr=settings.lr,
         warmup_steps=min(50, max(1, settings.steps // 5)),
-        on_step=progress,
+        on_step=progress_lines(out, "supervised start", settings.steps),
     )
     record = {"stamp": wanted, "base": str(base), "examples": len(examples), "loss": round(result.loss, 4)}
     (partial / STAMP_FILE).write_text(json.dumps(record, indent=2) + "\n")
