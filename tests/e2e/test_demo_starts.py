@@ -72,6 +72,7 @@ def test_a_broken_warm_start_is_refused_in_one_line_kept_measured_and_remeasured
         line,
     ), line
     assert "console:" not in result.stdout, "the stack started for a refused start"
+    assert "model: warm start: step 10/10, loss " in result.stdout  # progress, a line per tenth of the steps
     # The figures stay with the model: a second run refuses at once, without building or measuring again.
     (model,) = (tmp_path / "data" / "models").glob("tiny-math-*")
     assert recorded(model) is not None
