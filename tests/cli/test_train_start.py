@@ -96,6 +96,7 @@ def test_the_learning_rate_follows_the_parameter_count(tmp_path: Path) -> None:
     assert learning_rate.default_lr(10_000) == 1e-4  # and the highest
     assert learning_rate.default_lr(None) == 1e-6  # an unknown size takes the safe side
     assert learning_rate.default_lr(500_000_000, lora=True) == pytest.approx(4.47e-5, rel=1e-2)
+    assert learning_rate.default_lr(1_000_000, lora=True) == pytest.approx(1e-3)
 
 
 def test_the_preflight_refuses_groups_whose_rewards_never_differ() -> None:

@@ -4,7 +4,7 @@ One rate does not fit every model: 1e-6, usual for GRPO on 7B models, leaves a 1
 (issue 43: the demo's trained model as --model moved nothing in five steps), and 1e-4, what the tiny model takes,
 breaks a billion-parameter one. Updates scale with width, so the rate goes as one over the square root of the
 parameter count: 1e-4 at 1 M parameters (the tiny model's rate), 4.5e-6 at 0.5 B, 1.2e-6 at 7 B, held within
-[1e-6, 1e-4]. A LoRA run gets ten times that (capped at 1e-4): only the small adapter moves.
+[1e-6, 1e-4]. A LoRA run gets ten times that: only the small adapter moves, and its B matrices start at zero.
 """
 
 from __future__ import annotations
@@ -39,4 +39,4 @@ def default_lr(parameters: int | None, *, lora: bool = False) -> float:
         rate = LOWEST
     else:
         rate = min(HIGHEST, max(LOWEST, HIGHEST * math.sqrt(REFERENCE_PARAMETERS / parameters)))
-    return min(HIGHEST, rate * LORA_FACTOR) if lora else rate
+    return rate * LORA_FACTOR if lora else rate
