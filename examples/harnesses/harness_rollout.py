@@ -10,7 +10,7 @@ Guarantee: a reward is posted only when the harness exited 0 and the model answe
 harness reports the output tokens it got). A harness that exits non-zero fails the rollout with its own exit status;
 one that exits 0 although no model call was answered (a harness may hide an API error behind exit 0) fails it with
 exit status 3. Either way the last line of the log says why in one line, and no reward 0 stands for a policy that
-never answered (the trainer counts such rollouts, and leaves them out when their last call found no engine).
+never answered (such a rollout has no row to train, so it is in no group's baseline; the trainer counts it).
 
 Only the standard library: the recipe runs with any Python 3.10+.
 """
