@@ -3,7 +3,8 @@ by `make harnesses`) run unmodified as command rollouts through the whole stack 
 controller as local processes, and the stand-in engine with vLLM's token endpoints, so that the proxy continues
 calls in the sampled tokens), each by its recipe: the first call is accepted, the tool the stand-in picks goes round
 trip, every answered call is in the ledger with the engine's token ids, every call that appends to an earlier one's
-conversation continues its tokens (no break), and the check's reward arrives. A harness none of whose calls is
+conversation continues its tokens (no break), the check's reward arrives, and the rollout's private HOME and
+workspace are gone, with no process of the harness left. A harness none of whose calls is
 answered ends its rollout failed, without a reward, whether it says so by its exit status or hides it behind exit 0.
 One stack serves the module."""
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import time
 import uuid
@@ -30,6 +32,7 @@ from services.trainer.aggregation import TRAJECTORY_BREAKS, rows_from_trace
 from services.trainer.triplets import trace_from_events
 from tests.e2e.conftest import KEY, MODEL, Stack, run_to_end
 from tests.proxy.conftest import run_standin
+from tests.support.procs import processes_mentioning
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -181,6 +184,10 @@ async def test_each_harness_runs_unmodified_through_the_stack(stack: Stack) -> N
             # The tool turn appends to the conversation, and continues the tokens the engine sampled.
             appends, broken = unbroken_appends(calls)
             assert appends >= 1 and broken == [], (module, appends, broken)
+            # The private HOME and workspace are gone with everything the harness started there.
+            log = (stack.data_dir / "logs" / f"{entry.rollout.rollout_id}.log").read_text()
+            (workspace,) = re.findall(rf"{program} in (\S+)", log)
+            assert not Path(workspace).parent.exists() and processes_mentioning(str(Path(workspace).parent)) == []
             rows, breaks = rows_and_breaks(entry, events)
             print(
                 f"{module}: {len(calls)} calls ({len(answered)} answered), {round_trips} tool round trip(s), "
