@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: multinode-test two-runs-test demo test check protos check-protos lint format docs docs-tables install install-dev engine-venv agl1-venv venvs bench clean
+.PHONY: multinode-test two-runs-test demo test harnesses check protos check-protos lint format docs docs-tables install install-dev engine-venv agl1-venv venvs bench clean
 
 # The installer. uv (pinned, put in a venv of its own, .venv-uv, from PyPI on first use) resolves and downloads in
 # parallel and hardlinks every venv's files from one cache the venvs share, so a wheel two venvs need is fetched
@@ -118,6 +118,22 @@ VENVS := $(VENV)/.installed-dev $(ENGINE_VENV)/.installed-engine $(AGL1_VENV)/.i
 venvs:
 	@$(MAKE) --no-print-directory -j$(JOBS) $(VENVS)
 
+# The real command-line harnesses the recipes in examples/harnesses/ run as rollouts (Claude Code, Codex, Qwen Code),
+# at the versions its package.json and package-lock.json pin (exact versions, integrity hashes), into .harnesses/
+# (git-ignored), with the machine's Node.js and npm, from the npm registry only (each CLI's native binary is an npm
+# package of its own). `npm install` from the lock rather than `npm ci`: Qwen Code names optional clipboard packages
+# for other platforms that the registry does not serve, which `npm install` skips and `npm ci` calls a stale lock.
+# ~1 GB on disk.
+HARNESSES ?= .harnesses
+
+$(HARNESSES)/.installed: examples/harnesses/package.json examples/harnesses/package-lock.json
+	rm -rf $(HARNESSES) && mkdir -p $(HARNESSES)
+	cp examples/harnesses/package.json examples/harnesses/package-lock.json $(HARNESSES)/
+	cd $(HARNESSES) && npm install --no-audit --no-fund --loglevel=error
+	touch $@
+
+harnesses: $(HARNESSES)/.installed
+
 # The demo trains (verl's actor on CPU, the CPU vLLM engine): it needs the trainer extra and the engine venv, built
 # side by side. Options pass through: make demo ARGS="--steps 60" (ARGS="--quick": the stand-in collection run).
 ARGS ?=
@@ -134,7 +150,7 @@ two-runs-test: venvs
 	$(PY) -m pytest tests/trainer/test_lora_training.py -m two_runs
 
 # --durations: CI's log names the slowest tests (its 90-minute limit is the budget they share).
-test: venvs
+test: venvs harnesses
 	$(PY) -m pytest tests --durations=40
 
 # Static checks CI runs before the tests: generated code fresh, buf lint, ruff, the documentation site builds.
@@ -172,7 +188,7 @@ bench: $(VENV)/.installed-dev
 	for b in bench/*_bench.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) $(AGL1_VENV) $(UV_VENV) data demo-output site .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINE_VENV) $(AGL1_VENV) $(UV_VENV) $(HARNESSES) data demo-output site .pytest_cache .ruff_cache
 
 # Containers with podman (Debian: apt-get install podman runc mmdebstrap catatonit docker-compose
 # golang-github-containernetworking-plugin-dnsname): a local Debian base tagged python:3.11-slim-bookworm, then
