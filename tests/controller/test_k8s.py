@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -311,13 +312,19 @@ async def test_a_live_controller_adopts_a_dead_ones_jobs(
 async def test_job_creation_is_rate_limited(
     stack: Stack, ledger: LedgerClient, tmp_path: Path, k8s: K8sStandin
 ) -> None:
+    # The controller's bucket is made after this instant: 2 tokens, then one every 30 s. On a quiet machine the
+    # test ends well inside 30 s (exactly the burst is created); on a loaded one (a CI run beside other jobs took
+    # longer) a refill may come, and each one is allowed for exactly as long as the clock says.
+    started = time.monotonic()
     with k8s_controller(stack, tmp_path, k8s, args=["--max-jobs-per-minute", "2", "--job-burst", "2"]):
         created = await ledger.create_rollouts([job_spec() for _ in range(4)])
-        await asyncio.to_thread(k8s.wait_for, lambda: len(k8s.created) == 2)
-        await asyncio.sleep(1.5)  # a token comes every 30 s: nothing more may be created meanwhile
-        assert len(k8s.created) == 2
+        await asyncio.to_thread(k8s.wait_for, lambda: len(k8s.created) >= 2)
+        await asyncio.sleep(1.5)  # nothing more may be created meanwhile, unless 30 s passed since the start
+        jobs = len(k8s.created)
         states = [(await ledger.get_rollout(r.rollout_id)).status.state for r in created]
-        assert sorted(states) == [QUEUING, QUEUING, RUNNING, RUNNING]
+        allowed = 2 + int((time.monotonic() - started) // 30)
+        assert 2 <= jobs <= min(4, allowed), (jobs, allowed)
+        assert sorted(states) == sorted([QUEUING] * (4 - jobs) + [RUNNING] * jobs)
 
 
 def test_the_role_is_least_privilege() -> None:
