@@ -23,6 +23,7 @@ from .signals import run_async
 from .stack import CHECKOUT, running_stack, while_services_run
 
 EVAL_LABEL = "agl_eval"
+RESULTS_FILE = "eval.jsonl"
 KNOWN = ("data", "model", "output", "concurrency", "agent_class", "command", "env_map", "rollout_timeout",
          "max_prompt_length", "max_response_length", "tool_call_parser")  # fmt: skip
 
@@ -45,10 +46,11 @@ def task_record(index: int, record: dict[str, Any], tokenizer: Any) -> dict[str,
 
 def run_eval_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     """Ctrl-C and SIGTERM stop every service it started, with one line (as agl train)."""
-    return run_interruptible("eval", lambda: _evaluate(args, out), out)
+    return run_interruptible("eval", lambda: evaluate_model(args, out)[0], out)
 
 
-def _evaluate(args: argparse.Namespace, out: TextIO) -> int:
+def evaluate_model(args: argparse.Namespace, out: TextIO) -> tuple[int, Path]:
+    """The exit code and the output folder (its RESULTS_FILE: one line per task)."""
     options.merge_config(args, options.EVAL_DEFAULTS, KNOWN)
     if args.data is None:
         raise CliError("--data FILE is required (the tasks to score)", USAGE)
@@ -82,7 +84,7 @@ def _evaluate(args: argparse.Namespace, out: TextIO) -> int:
     ]
     waves = math.ceil(len(specs) / int(args.concurrency))
     deadline = float(args.rollout_timeout) * waves + 300.0
-    results_path = output / "eval.jsonl"
+    results_path = output / RESULTS_FILE
     with running_stack(
         output,
         model_dir=model,
@@ -136,4 +138,4 @@ def _evaluate(args: argparse.Namespace, out: TextIO) -> int:
         if row["state"] != "succeeded" or row["reward"] is None:
             out.write(f"first problem: task {row['task']}: {row['state']}: {row['error'] or 'no reward posted'}\n")
             break
-    return FAILURE if failed == len(rows) else 0
+    return (FAILURE if failed == len(rows) else 0), output

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import USAGE, CliError
@@ -123,8 +124,15 @@ def resolve_run(run: str) -> Path:
 
 
 def run_export_command(run: str, to: Path | None, dtype: str, merge_adapter: bool = False) -> int:
+    export_run(run, to, dtype, merge_adapter, say=print)
+    return 0
+
+
+def export_run(
+    run: str, to: Path | None, dtype: str, merge_adapter: bool = False, say: Callable[[str], object] = lambda _: None
+) -> Path:
     """A run's model (RUN/model); a LoRA run's adapter (RUN/adapter), and with merge_adapter the base model with
-    it merged in (RUN/model)."""
+    it merged in (RUN/model). The folder written last (the merged model, else the adapter or the model)."""
     from . import lora
 
     run_dir = resolve_run(run)
@@ -133,13 +141,14 @@ def run_export_command(run: str, to: Path | None, dtype: str, merge_adapter: boo
             raise CliError("--dtype is the merged model's dtype in a LoRA run: add --merge-adapter", USAGE)
         base = base_model_of(run_dir)
         adapter = lora.export_adapter(run_dir, base, (to or run_dir / "adapter").resolve())
-        print(f"adapter: {adapter}")
-        if merge_adapter:
-            merged = lora.merge_adapter(base, adapter, (run_dir / "model").resolve(), dtype, MODEL_FILES)
-            print(f"model: {merged}")
-        return 0
+        say(f"adapter: {adapter}")
+        if not merge_adapter:
+            return adapter
+        merged = lora.merge_adapter(base, adapter, (run_dir / "model").resolve(), dtype, MODEL_FILES)
+        say(f"model: {merged}")
+        return merged
     if merge_adapter:
         raise CliError(f"--merge-adapter: run {run_dir.name} trained every weight, not an adapter", USAGE)
     target = export_model(run_dir, (to or run_dir / "model").resolve(), dtype=dtype)
-    print(f"model: {target}")
-    return 0
+    say(f"model: {target}")
+    return target

@@ -153,7 +153,6 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         )
     if model != options.TINY_MODEL:
         model = str(checks.check_model_dir(model))
-    checks.check_writable(output)
     if placement == "cpu":
         checks.check_engine_installed()
     if not val_tasks:
@@ -169,6 +168,7 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
     examples, supervised = supervised_settings(args, model)
     report_to = reporting.parse_targets(args.report_to or [])
     reporting.check_targets(report_to)
+    checks.check_writable(output)  # last: it makes the run folder, which a refused command should not leave
     plan = TrainPlan(
         run_id=run_id,
         output=output,
