@@ -3,10 +3,10 @@ by `make harnesses`) run unmodified as command rollouts through the whole stack 
 controller as local processes, and the stand-in engine with vLLM's token endpoints, so that the proxy continues
 calls in the sampled tokens), each by its recipe: the first call is accepted, the tool the stand-in picks goes round
 trip, every answered call is in the ledger with the engine's token ids, every call that appends to an earlier one's
-conversation continues its tokens (no break), the check's reward arrives, and the rollout's private HOME and
-workspace are gone, with no process of the harness left. A harness none of whose calls is
-answered ends its rollout failed, without a reward, whether it says so by its exit status or hides it behind exit 0.
-One stack serves the module."""
+conversation continues its tokens (no break), the trainer makes one row per conversation, the check's reward
+arrives, and the rollout's private HOME and workspace are gone, with no process of the harness left. A harness none
+of whose calls is answered ends its rollout failed, without a reward, whether it says so by its exit status or hides
+it behind exit 0. One stack serves the module."""
 
 from __future__ import annotations
 
@@ -188,7 +188,12 @@ async def test_each_harness_runs_unmodified_through_the_stack(stack: Stack) -> N
             log = (stack.data_dir / "logs" / f"{entry.rollout.rollout_id}.log").read_text()
             (workspace,) = re.findall(rf"{program} in (\S+)", log)
             assert not Path(workspace).parent.exists() and processes_mentioning(str(Path(workspace).parent)) == []
+            # The trainer makes one row per conversation, however the conversations' calls interleave (Codex's
+            # sub-agents): a call that appends to no earlier one opens a conversation, and only such a call after
+            # the first is a break.
             rows, breaks = rows_and_breaks(entry, events)
+            openings = len(answered) - appends
+            assert (rows, breaks) == (openings, openings - 1), (module, rows, breaks, openings)
             print(
                 f"{module}: {len(calls)} calls ({len(answered)} answered), {round_trips} tool round trip(s), "
                 f"first prompt {len(calls[0].prompt_token_ids)} tokens, {appends} appending call(s) continued, "
