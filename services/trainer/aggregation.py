@@ -22,7 +22,7 @@ left at the end of a truncated row are cut as well (they carry no training signa
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from .triplets import RolloutTrace, Triplet
@@ -54,6 +54,8 @@ class Row:
     response_mask: list[int]
     # Aligned with response_ids (0.0 on context tokens), or None when a merged call had no log-probs.
     logprobs: list[float] | None
+    # Indices of every call merged into this row, in order: not consecutive where conversations interleave.
+    turn_indices: list[int] = field(default_factory=list)
 
 
 def _start_row(trace: RolloutTrace, triplet: Triplet) -> Row:
@@ -68,6 +70,7 @@ def _start_row(trace: RolloutTrace, triplet: Triplet) -> Row:
         response_ids=list(triplet.response_ids),
         response_mask=[1] * len(triplet.response_ids),
         logprobs=list(triplet.logprobs) if triplet.logprobs is not None else None,
+        turn_indices=[triplet.turn_index],
     )
 
 
@@ -108,6 +111,7 @@ def _merge(row: Row, triplet: Triplet) -> None:
     else:
         row.logprobs = None
     row.num_turns += 1
+    row.turn_indices.append(triplet.turn_index)
 
 
 def _apply_limits(rows: list[Row], max_prompt_length: int, max_response_length: int, counts: Counter[str]) -> list[Row]:
