@@ -216,11 +216,10 @@ async def test_a_harness_whose_calls_all_fail_ends_its_rollout_failed_without_a_
     hiding.write_text(HIDING_HARNESS.format(python=sys.executable))
     hiding.chmod(0o755)
     run = f"harness-fail-{uuid.uuid4().hex[:8]}"
-    specs = {module: harness_spec(run, module, module) for module in HARNESSES}
-    # mini-swe-agent tries a refused call 10 times over 6 minutes as it ships; once here (its own setting).
-    specs["mini_swe_agent"] = harness_spec(
-        run, "mini_swe_agent", "mini_swe_agent", {**TASK_ENV, "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1"}
-    )
+    # Not mini-swe-agent: importing its litellm alone takes ~20 s on CI's cores (it ends as the others do, measured:
+    # `mini-swe-agent: exited 1: litellm.BadRequestError: OpenAIException - …`, with its retries set to 1 through
+    # MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT).
+    specs = {module: harness_spec(run, module, module) for module in HARNESSES if module != "mini_swe_agent"}
     specs["hiding"] = harness_spec(run, "hiding", "qwen_code", {**TASK_ENV, "HARNESS_BIN": str(hiding)})
     async with stack.client() as client:
         entries = await run_to_end(stack, client, run, list(specs.values()), timeout_s=150)
@@ -237,7 +236,6 @@ async def test_a_harness_whose_calls_all_fail_ends_its_rollout_failed_without_a_
                 assert "exited 0 but the model answered none of its calls" in status.error_message
             else:
                 assert "exited with code 1" in status.error_message and ": exited 1: " in status.error_message
-                # The harness's own error, named: its status, or litellm's name for it (mini-swe-agent).
-                assert "400" in status.error_message or "BadRequestError" in status.error_message, status.error_message
+                assert "400" in status.error_message, status.error_message  # the harness's own error, named
             print(f"{name}: {len(calls)} refused call(s); {status.error_message.split('): ', 1)[-1]}")
         await client.delete_rollouts(list(entries))
