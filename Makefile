@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: multinode-test two-runs-test demo test harnesses check protos check-protos lint format docs docs-tables install install-dev engine-venv agl1-venv venvs bench clean
+.PHONY: multinode-test two-runs-test demo test harnesses harness-venv check protos check-protos lint format docs docs-tables install install-dev engine-venv agl1-venv venvs bench clean
 
 # The installer. uv (pinned, put in a venv of its own, .venv-uv, from PyPI on first use) resolves and downloads in
 # parallel and hardlinks every venv's files from one cache the venvs share, so a wheel two venvs need is fetched
@@ -132,7 +132,22 @@ $(HARNESSES)/.installed: examples/harnesses/package.json examples/harnesses/pack
 	cd $(HARNESSES) && npm install --no-audit --no-fund --loglevel=error
 	touch $@
 
-harnesses: $(HARNESSES)/.installed
+# mini-swe-agent, the one harness from PyPI, at the version examples/harnesses/requirements-py.txt pins, in a venv of
+# its own (.venv-harness-py, git-ignored: its litellm would pin what AGL's venv resolves), by the same installer as the
+# other venvs. Its CLI is .venv-harness-py/bin/mini.
+HARNESS_PY_VENV ?= .venv-harness-py
+
+$(HARNESS_PY_VENV)/.installed: examples/harnesses/requirements-py.txt | $(UV_TRIED)
+	rm -rf $(HARNESS_PY_VENV)
+	$(PYTHON) -m venv $(HARNESS_PY_VENV)
+	$(call uv_install,$(HARNESS_PY_VENV),-r examples/harnesses/requirements-py.txt) || \
+		{ $(HARNESS_PY_VENV)/bin/python -m pip install --quiet --upgrade pip && \
+		  $(HARNESS_PY_VENV)/bin/python -m pip install --quiet -r examples/harnesses/requirements-py.txt; }
+	touch $@
+
+harness-venv: $(HARNESS_PY_VENV)/.installed
+
+harnesses: $(HARNESSES)/.installed harness-venv
 
 # The demo trains (verl's actor on CPU, the CPU vLLM engine): it needs the trainer extra and the engine venv, built
 # side by side. Options pass through: make demo ARGS="--steps 60" (ARGS="--quick": the stand-in collection run).
@@ -188,7 +203,7 @@ bench: $(VENV)/.installed-dev
 	for b in bench/*_bench.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) $(AGL1_VENV) $(UV_VENV) $(HARNESSES) data demo-output site .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINE_VENV) $(AGL1_VENV) $(UV_VENV) $(HARNESSES) $(HARNESS_PY_VENV) data demo-output site .pytest_cache .ruff_cache
 
 # Containers with podman (Debian: apt-get install podman runc mmdebstrap catatonit docker-compose
 # golang-github-containernetworking-plugin-dnsname): a local Debian base tagged python:3.11-slim-bookworm, then

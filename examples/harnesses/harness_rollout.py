@@ -38,7 +38,9 @@ NO_ANSWER_EXIT = 3
 SETUP_EXIT = 2
 # Variables of the caller's environment that would point a harness elsewhere or at the caller's own account and
 # settings: left out of the harness's environment, which then gets only the recipe's own.
-_FOREIGN_PREFIXES = ("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_", "QWEN_", "AZURE_OPENAI_", "GEMINI_", "XDG_")
+_FOREIGN_PREFIXES = (
+    "ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_", "QWEN_", "AZURE_OPENAI_", "GEMINI_", "LITELLM_", "XDG_",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -93,28 +95,32 @@ class Harness:
     program: str  # the CLI's command name (node_modules/.bin/<program>)
     # Writes the harness's settings under places.home and returns (arguments after the program, its variables).
     prepare: Callable[[Rollout, Places], tuple[list[str], dict[str, str]]]
-    # Reads what the harness printed: (stdout, stderr).
+    # Reads what the harness reported: (stdout, or the text of `report` when set; stderr).
     outcome: Callable[[str, str], Outcome]
+    # A file, relative to the private HOME, that the harness writes its machine-readable report to ("": stdout).
+    report: str = ""
+    # Where `make harnesses` puts its CLI (the npm ones by default).
+    installed_bin: Path = INSTALLED_BIN
 
 
 class SetupError(Exception):
     """The rollout cannot start its harness."""
 
 
-def find_program(program: str, env: Mapping[str, str]) -> str:
+def find_program(program: str, env: Mapping[str, str], installed_bin: Path = INSTALLED_BIN) -> str:
     """The CLI: HARNESS_BIN when set, else the one `make harnesses` installed, else the one on PATH."""
     chosen = env.get("HARNESS_BIN")
     if chosen:
         if not os.access(chosen, os.X_OK):
             raise SetupError(f"HARNESS_BIN={chosen} is not an executable file")
         return chosen
-    installed = INSTALLED_BIN / program
+    installed = installed_bin / program
     if os.access(installed, os.X_OK):
         return str(installed)
     found = shutil.which(program, path=env.get("PATH"))
     if found is None:
         raise SetupError(
-            f"{program} not found in {INSTALLED_BIN} nor on PATH: run `make harnesses` (the pinned CLIs) "
+            f"{program} not found in {installed_bin} nor on PATH: run `make harnesses` (the pinned CLIs) "
             "or set HARNESS_BIN"
         )
     return found
@@ -142,12 +148,19 @@ def post_reward(rollout: Rollout, value: float, reason: str, source: str) -> Non
         answer.read()
 
 
+def _report(harness: Harness, places: Places, stdout: str) -> str:
+    if not harness.report:
+        return stdout
+    path = places.home / harness.report
+    return path.read_text(errors="replace") if path.is_file() else ""
+
+
 def run(harness: Harness, env: Mapping[str, str] | None = None) -> int:
     """Runs the harness once for the rollout in env (os.environ); returns the exit status for the rollout."""
     env = os.environ if env is None else env
     try:
         rollout = Rollout.from_env(env)
-        program = find_program(harness.program, env)
+        program = find_program(harness.program, env, harness.installed_bin)
     except SetupError as err:
         print(f"{harness.name}: {err}", flush=True)
         return SETUP_EXIT
@@ -169,7 +182,7 @@ def run(harness: Harness, env: Mapping[str, str] | None = None) -> int:
         # The harness's own record of its run, kept in the agent's log.
         print(finished.stderr, file=sys.stderr, flush=True)
         print(finished.stdout, flush=True)
-        outcome = harness.outcome(finished.stdout, finished.stderr)
+        outcome = harness.outcome(_report(harness, places, finished.stdout), finished.stderr)
         if finished.returncode != 0:
             print(f"{harness.name}: exited {finished.returncode}: {outcome.error or 'no error reported'}", flush=True)
             return finished.returncode

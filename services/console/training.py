@@ -35,10 +35,21 @@ class TrainingRow:
     segments: int
     first_turn: int
     turns: int
+    # The calls merged into the row (0-based): not consecutive where conversations interleave.
+    turn_indices: list[int]
     break_before: bool
     trained: bool
     prompt_tokens: int
     tokens: list[Token]
+
+    @property
+    def turn_label(self) -> str:
+        """The row's calls, 1-based: "3", a run "1-4", or a list "1, 3, 5" where another conversation's calls came
+        between them."""
+        turns = [i + 1 for i in self.turn_indices] or [self.first_turn + 1]
+        if turns == list(range(turns[0], turns[0] + len(turns))):
+            return f"{turns[0]}-{turns[-1]}" if len(turns) > 1 else str(turns[0])
+        return ", ".join(str(t) for t in turns)
 
     @property
     def gap(self) -> float | None:
@@ -62,6 +73,15 @@ def _at(values: Any, index: int) -> float | None:
     if not isinstance(values, list) or index >= len(values) or values[index] is None:
         return None
     return float(values[index])
+
+
+def _turn_indices(raw: dict[str, Any]) -> list[int]:
+    """The row's calls; records written before they were kept had consecutive ones only."""
+    given = raw.get("turn_indices")
+    if isinstance(given, list) and all(isinstance(i, int) for i in given):
+        return list(given)
+    first = int(raw.get("first_turn", 0))
+    return list(range(first, first + int(raw.get("turns", 1))))
 
 
 def training_records(events: Sequence[event_pb2.Event]) -> list[Training]:
@@ -95,6 +115,7 @@ def training_records(events: Sequence[event_pb2.Event]) -> list[Training]:
                     segments=int(raw.get("segments", 1)),
                     first_turn=int(raw.get("first_turn", 0)),
                     turns=int(raw.get("turns", 1)),
+                    turn_indices=_turn_indices(raw),
                     break_before=bool(raw.get("break_before")),
                     trained=bool(raw.get("trained")),
                     prompt_tokens=int(raw.get("prompt_tokens", 0)),

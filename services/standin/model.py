@@ -6,7 +6,8 @@ Behaviour (what example agents can rely on):
 - When the request offers a calculator-like tool (name or description mentions calc, math, arith, eval or
   compute), tool_choice is not "none" and the last message is the user's, the model calls that tool instead:
   arguments {"a", "b", "op"} when the tool declares them, otherwise its first string parameter (or
-  "expression") gets the expression "A op B".
+  "expression") gets the expression "A op B". Offered no such tool but a shell (a function named bash or shell,
+  as mini-swe-agent's only tool is), it runs `echo $((A op B))` in that tool's first string parameter.
   It writes the call's JSON spaced with non-ASCII escaped (json.dumps's defaults); a request's
   `"standin": {"tool_json": "compact"}` makes it write compact JSON, `"standin": {"tool_arguments": {...}}` these
   arguments. The parsed call hands the arguments back as vLLM's Hermes parser does (json.dumps, non-ASCII kept),
@@ -32,6 +33,7 @@ _TOOLISH = re.compile(r"calc|math|arith|eval|compute", re.IGNORECASE)
 _SYMBOL = {"plus": "+", "minus": "-", "times": "*", "x": "*", "\u00d7": "*", "multiplied by": "*"}
 _SYMBOL.update({"\u00f7": "/", "divided by": "/"})
 _ECHO_WORDS = 12
+_SHELL_TOOLS = ("bash", "shell")
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
@@ -148,6 +150,9 @@ def _pick_tool(tools: list[Any] | None, tool_choice: Any) -> dict[str, Any] | No
     for fn in functions:
         if _TOOLISH.search(f"{fn.get('name', '')} {fn.get('description', '')}"):
             return fn
+    for fn in functions:
+        if fn.get("name") in _SHELL_TOOLS:
+            return fn
     return functions[0] if tool_choice == "required" and functions else None
 
 
@@ -161,6 +166,8 @@ def _tool_arguments(function: dict[str, Any], expression: str) -> dict[str, Any]
                 arguments[name] = symbol
         return arguments
     name = next((key for key, spec in properties.items() if spec.get("type") == "string"), "expression")
+    if function.get("name") in _SHELL_TOOLS:
+        return {name: f"echo $(({expression}))"}
     return {name: expression}
 
 

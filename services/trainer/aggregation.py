@@ -3,10 +3,16 @@
 Pure. Two levels:
 
 * `transition`: one row per call; the whole prompt is context, the response is trained on.
-* `trajectory`: consecutive calls are merged while the next prompt starts with the previous prompt +
-  response tokens. The tokens the agent added in between (tool output, the next user turn) are context
-  inside the response: response mask 0, log-prob 0. A prompt that does not continue the row starts a
-  new row and is counted as a break.
+* `trajectory`: a call is merged into the earlier row of its rollout whose prompt + response tokens its prompt
+  starts with. The tokens the agent added in between (tool output, the next user turn, a sub-agent's result) are
+  context inside the response: response mask 0, log-prob 0. Any earlier row qualifies, not only the last one, so
+  conversations whose calls interleave (a harness's sub-agents between its main conversation's calls) stay one row
+  each. A prompt that continues no earlier row starts a new row and is counted as a break.
+
+Which row, when several are continued: their token sequences are then all prefixes of the prompt, so one contains
+the others; the call goes to the longest (it leaves the fewest tokens as context: the others' tokens are already
+in it), and of equally long ones (identical sequences: the same call sampled twice the same way) to the one a call
+went to last. Rows stay in the order of their first call.
 
 Limits: a row whose prompt exceeds `max_prompt_length` is dropped (counted); a response longer than
 `max_response_length` is truncated together with its mask and log-probs (counted), and context tokens
@@ -16,7 +22,7 @@ left at the end of a truncated row are cut as well (they carry no training signa
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from .triplets import RolloutTrace, Triplet
@@ -48,6 +54,8 @@ class Row:
     response_mask: list[int]
     # Aligned with response_ids (0.0 on context tokens), or None when a merged call had no log-probs.
     logprobs: list[float] | None
+    # Indices of every call merged into this row, in order: not consecutive where conversations interleave.
+    turn_indices: list[int] = field(default_factory=list)
 
 
 def _start_row(trace: RolloutTrace, triplet: Triplet) -> Row:
@@ -62,16 +70,33 @@ def _start_row(trace: RolloutTrace, triplet: Triplet) -> Row:
         response_ids=list(triplet.response_ids),
         response_mask=[1] * len(triplet.response_ids),
         logprobs=list(triplet.logprobs) if triplet.logprobs is not None else None,
+        turn_indices=[triplet.turn_index],
     )
 
 
-def _continues(row: Row, triplet: Triplet) -> bool:
-    """True when the triplet's prompt is the row's prompt + response followed by (possibly no) new context."""
-    prompt = triplet.prompt_ids
+def _continues(row: Row, prompt: list[int]) -> bool:
+    """True when `prompt` is the row's prompt + response followed by (possibly no) new context."""
     n_prompt, n_response = len(row.prompt_ids), len(row.response_ids)
-    if len(prompt) < n_prompt + n_response:
+    end = n_prompt + n_response
+    if len(prompt) < end:
         return False
-    return prompt[:n_prompt] == row.prompt_ids and prompt[n_prompt : n_prompt + n_response] == row.response_ids
+    # Two probes first (the response's first and last token): a row of another conversation of the rollout usually
+    # fails one of them, so checking every earlier row costs little more than checking the last.
+    if n_response and (prompt[n_prompt] != row.response_ids[0] or prompt[end - 1] != row.response_ids[-1]):
+        return False
+    return prompt[:n_prompt] == row.prompt_ids and prompt[n_prompt:end] == row.response_ids
+
+
+def _continued_row(rows: list[Row], last_merge: list[int], prompt: list[int]) -> int | None:
+    """Index of the row the prompt continues (the rule in the module docstring), or None."""
+    best: int | None = None
+    best_key = (-1, -1)
+    for index, row in enumerate(rows):
+        if _continues(row, prompt):
+            key = (len(row.prompt_ids) + len(row.response_ids), last_merge[index])
+            if key > best_key:
+                best, best_key = index, key
+    return best
 
 
 def _merge(row: Row, triplet: Triplet) -> None:
@@ -86,6 +111,7 @@ def _merge(row: Row, triplet: Triplet) -> None:
     else:
         row.logprobs = None
     row.num_turns += 1
+    row.turn_indices.append(triplet.turn_index)
 
 
 def _apply_limits(rows: list[Row], max_prompt_length: int, max_response_length: int, counts: Counter[str]) -> list[Row]:
@@ -118,15 +144,20 @@ def rows_from_trace(
     max_response_length: int,
     counts: Counter[str],
 ) -> list[Row]:
-    """Rows of one rollout, in call order, after the length limits."""
+    """Rows of one rollout, in the order of their first call, after the length limits."""
     level = AggregationLevel(level)
     rows: list[Row] = []
-    for triplet in trace.triplets:
+    # For each row, the position (in the trace) of the last call merged into it: the tie-break between equal rows.
+    last_merge: list[int] = []
+    for position, triplet in enumerate(trace.triplets):
         if level is AggregationLevel.TRAJECTORY and rows:
-            if _continues(rows[-1], triplet):
-                _merge(rows[-1], triplet)
+            index = _continued_row(rows, last_merge, triplet.prompt_ids)
+            if index is not None:
+                _merge(rows[index], triplet)
+                last_merge[index] = position
                 counts[MERGED_CALLS] += 1
                 continue
             counts[TRAJECTORY_BREAKS] += 1
         rows.append(_start_row(trace, triplet))
+        last_merge.append(position)
     return _apply_limits(rows, max_prompt_length, max_response_length, counts)

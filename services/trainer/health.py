@@ -19,8 +19,9 @@ in [0, 1] unless said otherwise; `{p}` is `agl/health` for training steps, `val/
   arguments that are not a JSON object, of all it wrote (the proxy's ToolCallStats)
 - `{p}/failed_rollouts`: consumed rollouts that failed, for any reason
 - `{p}/infra_failed_rollouts`: consumed rollouts that failed for an infrastructure reason (infra_policy.py)
-- `agl/health/trajectory_breaks`: continued calls whose prompt did not continue their rollout's row (a template
-  that re-renders the history); each starts an exact segment row
+- `agl/health/trajectory_breaks`: continued calls whose prompt continued none of their rollout's earlier rows (a
+  template that re-renders the history, a new conversation such as a sub-agent's first call); each starts an exact
+  segment row
 - `agl/health/dropped_rows`: rows built that were dropped (prompt over `max_prompt_length`)
 - `agl/health/truncated_rows`: rows kept whose response was cut at `max_response_length`
 - `agl/health/masked_tokens`: response tokens the model did not sample (context, loss mask 0)

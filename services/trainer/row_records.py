@@ -5,7 +5,8 @@ event id per step so a repeated append adds nothing) that the console draws unde
 
     {"step": 3, "reward": 1.0, "advantage": 0.87, "kept": true, "left_out": "",
      "flags": ["trajectory_breaks"],                  # the health metrics this rollout counts in
-     "rows": [{"segment": 0, "segments": 2, "first_turn": 0, "turns": 2, "break_before": false, "trained": true,
+     "rows": [{"segment": 0, "segments": 2, "first_turn": 0, "turns": 2, "turn_indices": [0, 2],
+               "break_before": false, "trained": true,
                "prompt_tokens": 37, "tokens": ["Hel", "lo"], "ids": [..], "mask": [1, 0],
                "engine_logprobs": [..] | null, "trainer_logprobs": [..] | null}]}
 
@@ -68,6 +69,7 @@ def row_records(
                     "segments": len(mine),
                     "first_turn": row.turn_index,
                     "turns": row.num_turns,
+                    "turn_indices": list(row.turn_indices),
                     "break_before": index > 0,
                     "trained": key in trained,
                     "prompt_tokens": len(row.prompt_ids),

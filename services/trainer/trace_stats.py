@@ -20,7 +20,7 @@ From the rows (`row_metrics`, trajectory aggregation):
 
 | metric | meaning |
 |---|---|
-| `agl/data/trajectory_breaks` | calls whose prompt did not continue their rollout's row: each starts a new segment |
+| `agl/data/trajectory_breaks` | calls whose prompt continued none of their rollout's earlier rows (each starts a row) |
 | `agl/data/segments_per_rollout` | rows per rollout (1.0: every multi-turn rollout is one exact row) |
 | `agl/data/context_tokens_per_row` | tokens in rows' responses the model did not sample (tool results...): mask 0 |
 | `agl/data/masked_token_fraction` | the share of response tokens that are such context |

@@ -128,7 +128,7 @@ async def test_run_health_links_to_the_rollouts_and_their_tokens_fate(browser, c
     broken = browser.find_element(By.CSS_SELECTOR, '.training[data-step="2"]')
     rows = broken.find_elements(By.CSS_SELECTOR, ".row")
     assert [r.get_attribute("data-segment") for r in rows] == ["0", "1"]
-    assert "break: the prompt did not continue the row" in rows[1].text and "segment 2 of 2" in rows[1].text
+    assert "break: the prompt continued no earlier row" in rows[1].text and "segment 2 of 2" in rows[1].text
     assert "trajectory_breaks" in broken.find_element(By.CSS_SELECTOR, ".call-head").text
     # Its first segment's recomputed log-probs differ from the engine's by up to 0.375 (-0.5 vs -0.125).
     assert rows[0].find_element(By.CSS_SELECTOR, ".row-gap").text == "0.375"

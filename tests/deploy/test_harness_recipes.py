@@ -24,7 +24,7 @@ def recipe(module: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
     return subprocess.run(argv, cwd=REPO, env={**base, **env}, capture_output=True, text=True, timeout=60, check=False)
 
 
-@pytest.mark.parametrize("module", ["claude_code", "codex", "qwen_code"])
+@pytest.mark.parametrize("module", ["claude_code", "codex", "qwen_code", "mini_swe_agent"])
 def test_outside_a_rollout_the_recipe_names_what_is_missing(module: str) -> None:
     result = recipe(module, {"AGL_EVENT_URL": "http://127.0.0.1:9/e"})
     assert result.returncode == SETUP_EXIT, result.stdout + result.stderr

@@ -199,3 +199,70 @@ def test_no_rows_gives_no_batch() -> None:
     out = build_training_batch([trace("r1", "g1", [reward(1.0)], counts)], settings())
     assert out.data is None and out.num_updates == 0
     assert out.metrics["agl/data/rows_built"] == 0.0
+
+
+def _rows(events: list[event_pb2.Event], counts: Counter[str]):
+    t = trace("r1", "g1", events, counts)
+    return rows_from_trace(t, "trajectory", max_prompt_length=64, max_response_length=64, counts=counts)
+
+
+def test_interleaved_conversations_stay_one_row_each() -> None:
+    # A main conversation (prompt [1, 2]) and a sub-agent's (prompt [1, 5], the same system token), their calls
+    # alternating as a harness's sub-agent's land between its main conversation's; each call appends to its own.
+    events = [
+        call([1, 2], [3], [-0.1]),
+        call([1, 5], [6], [-0.2]),
+        call([1, 2, 3, 7], [8], [-0.3]),
+        call([1, 5, 6, 9], [10], [-0.4]),
+        call([1, 2, 3, 7, 8, 11], [12], [-0.5]),
+        reward(1.0),
+    ]
+    counts: Counter[str] = Counter()
+    main, sub = _rows(events, counts)
+    assert (main.prompt_ids, main.response_ids, main.response_mask) == ([1, 2], [3, 7, 8, 11, 12], [1, 0, 1, 0, 1])
+    assert main.logprobs == [-0.1, 0.0, -0.3, 0.0, -0.5]
+    assert (main.turn_index, main.num_turns) == (0, 3)
+    assert (sub.prompt_ids, sub.response_ids, sub.response_mask) == ([1, 5], [6, 9, 10], [1, 0, 1])
+    assert sub.logprobs == [-0.2, 0.0, -0.4]
+    assert (sub.turn_index, sub.num_turns) == (1, 2)
+    # The sub-agent's opening call continues no row: the one break, its segment. Every other call merged.
+    assert counts["trajectory_breaks"] == 1 and counts["merged_calls"] == 3
+
+
+def test_a_call_continues_an_older_row_after_another_conversation_and_a_changed_history_still_breaks() -> None:
+    events = [
+        call([1, 2], [3], [-0.1]),
+        call([8], [9], [-0.2]),  # another conversation
+        call([1, 2, 3, 4], [5], [-0.3]),  # back to the first: continues row 0, not the last row
+        call([1, 2, 4, 4], [6], [-0.4]),  # the first conversation with its answer edited (3 -> 4): a real break
+        reward(0.5),
+    ]
+    counts: Counter[str] = Counter()
+    rows = _rows(events, counts)
+    assert [(r.prompt_ids, r.response_ids, r.response_mask) for r in rows] == [
+        ([1, 2], [3, 4, 5], [1, 0, 1]),
+        ([8], [9], [1]),
+        ([1, 2, 4, 4], [6], [1]),
+    ]
+    assert [r.turn_index for r in rows] == [0, 1, 3]
+    assert counts["trajectory_breaks"] == 2 and counts["merged_calls"] == 1
+    metrics = build_training_batch([trace("r1", "g1", events, Counter())], settings(max_prompt_length=8)).metrics
+    assert metrics["agl/data/trajectory_breaks"] == 2.0 and metrics["agl/data/segments_per_rollout"] == 3.0
+
+
+def test_of_several_rows_a_call_continues_it_goes_to_the_longest_then_the_last_extended() -> None:
+    # Row 0 holds [1, 2, 3, 4]; row 1 (a shorter prompt, so not a continuation of row 0) holds [1, 2, 3], a prefix
+    # of it. A prompt that continues both goes to row 0: its tokens are all in row 0 already, the least context.
+    counts: Counter[str] = Counter()
+    rows = _rows(
+        [call([1], [2, 3, 4], [-0.1] * 3), call([1, 2], [3], [-0.2]), call([1, 2, 3, 4, 5], [6], [-0.3])], counts
+    )
+    assert [(r.prompt_ids, r.response_ids, r.response_mask) for r in rows] == [
+        ([1], [2, 3, 4, 5, 6], [1, 1, 1, 0, 1]),
+        ([1, 2], [3], [1]),
+    ]
+    # Two equal rows (the same call sampled twice alike): the next call goes to the one a call went to last.
+    counts = Counter()
+    rows = _rows([call([1], [2], [-0.1]), call([1], [2], [-0.2]), call([1, 2, 3], [4], [-0.3])], counts)
+    assert [(r.response_ids, r.logprobs) for r in rows] == [([2], [-0.1]), ([2, 3, 4], [-0.2, 0.0, -0.3])]
+    assert counts["trajectory_breaks"] == 1 and counts["merged_calls"] == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+from services.console.training import training_records
 from services.trainer.adapter import DataPathSettings, build_training_batch
 from services.trainer.aggregation import AggregationLevel
 from services.trainer.infra_policy import InfraSettings, select
@@ -74,3 +75,25 @@ def test_large_steps_are_appended_in_chunks() -> None:
     assert [[e.rollout_id for e in c] for c in chunks] == [["r0", "r1"], ["r2", "r3"], ["r4"]]
     assert [len(c) for c in event_chunks(events, size // 2)] == [1, 1, 1, 1, 1]  # one alone may be more
     assert event_chunks([], size) == []
+
+
+def test_a_row_of_interleaved_conversations_records_its_calls_and_the_console_names_them() -> None:
+    # Calls 0 and 2 are one conversation, call 1 another's (a sub-agent's) between them: two rows, calls [0, 2], [1].
+    calls = [Triplet([1, 2], [3], [-0.1], 0), Triplet([1, 5], [6], [-0.2], 1), Triplet([1, 2, 3, 4], [7], [-0.3], 2)]
+    trace = RolloutTrace("r0", "g", "d", 1.0, attempt_id="a1", triplets=calls)
+    settings = DataPathSettings(level=AggregationLevel.TRAJECTORY, max_prompt_length=16, max_response_length=16)
+    prepared = build_training_batch([trace], settings, counts=Counter())
+    records = row_records(
+        1, [trace], {"r0"}, {}, prepared.rows, prepared.advantages, set(), {}, {}, lambda ids: [str(i) for i in ids]
+    )
+    assert [(r["first_turn"], r["turns"], r["turn_indices"]) for r in records["r0"]["rows"]] == [
+        (0, 2, [0, 2]),
+        (1, 1, [1]),
+    ]
+    # The console reads the record back and names the calls 1-based, a list where they are not consecutive.
+    (training,) = training_records(row_events(1, records, {"r0": "a1"}))
+    assert [row.turn_label for row in training.rows] == ["1, 3", "2"]
+    # A record written before turn_indices were kept reads as consecutive calls.
+    old = {**records["r0"], "rows": [{k: v for k, v in records["r0"]["rows"][0].items() if k != "turn_indices"}]}
+    (training,) = training_records(row_events(1, {"r0": old}, {"r0": "a1"}))
+    assert training.rows[0].turn_label == "1-2"
