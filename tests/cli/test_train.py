@@ -164,7 +164,8 @@ def test_train_runs_the_users_agent_on_their_tasks_then_export_and_eval(workdir:
     assert lines[1].startswith("console: http://127.0.0.1:") and lines[3] == "Ctrl-C stops them\n", lines
     assert httpx.get(console_url, timeout=10).status_code in (200, 303)  # the sign-in page or its redirect
     opened.send_signal(signal.SIGINT)
-    assert opened.wait(timeout=60) == 0
+    opened.communicate(timeout=60)  # waits, and closes its pipes
+    assert opened.returncode == 0
     assert processes_mentioning(str(output / "stack")) == []
 
     # The model: loads in transformers, in the dtype it was trained in, with the tokenizer and chat template.
