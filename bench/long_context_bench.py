@@ -38,7 +38,7 @@ from services.engine.tiny_model import LONG_POSITIONS, build_tiny_model  # noqa:
 from tests.support.engine import ENGINE_PYTHON, reference_logprobs, run_engine  # noqa: E402
 
 # vLLM's own lines about the KV cache it set aside (CPU: VLLM_CPU_KVCACHE_SPACE, AGL's --kv-cache-gib).
-KV_LINES = re.compile(r"KV cache size|Maximum concurrency|KV cache|kv_cache", re.IGNORECASE)
+KV_LINES = re.compile(r"KV cache size|GiB for KV cache|init engine")
 
 
 def group_rss_gib(pgid: int) -> float:

@@ -77,6 +77,14 @@ def test_the_tiny_model_is_sized_by_the_rows_and_longer_rows_are_refused() -> No
     assert options.lengths("/some/model", 65_536, None) == (65_536, 1024)  # a real model's own positions decide
 
 
+def test_a_runs_limits_come_from_its_options_and_its_model(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 2048}))
+    assert prompt_fit.run_limits(False, tmp_path, 2048, 1024) == Limits(2048, 1024, 2048, 2048, tiny=False)
+    assert prompt_fit.run_limits(True, tmp_path, 300, 256) == Limits(300, 256, 556, 65_536, tiny=True)
+    (tmp_path / "config.json").write_text("{}")
+    assert prompt_fit.run_limits(False, tmp_path, 2048, 1024) == Limits(2048, 1024, 3072, None, tiny=False)
+
+
 def test_the_trainer_budget_holds_the_longest_row() -> None:
     assert prompt_fit.trainer_overrides(256, 256) == []
     assert prompt_fit.trainer_overrides(16_000, 384) == []

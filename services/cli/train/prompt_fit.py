@@ -26,6 +26,7 @@ import httpx
 from services.engine.tiny_model import LONG_POSITIONS, POSITIONS
 
 from ..errors import USAGE, CliError
+from .checks import engine_context
 
 # verl's default for the actor's token budget per micro-batch (actor_rollout_ref.actor.ppo_max_token_len_per_gpu,
 # with use_dynamic_bsz in the CPU placement); verl refuses a row longer than it ("max_token_len must be greater than
@@ -88,6 +89,13 @@ class Limits:
     engine_context: int  # the engine's max_model_len
     model_holds: int | None  # the tiny model's longest variant, or the model's max_position_embeddings (if known)
     tiny: bool
+
+
+def run_limits(tiny: bool, model_dir: Path, prompt_length: int, response_length: int) -> Limits:
+    """A run's limits: the engine's context is the rows' length within the model's positions (engine_context)."""
+    holds = LONG_POSITIONS if tiny else model_positions(model_dir)
+    context = engine_context(model_dir, prompt_length + response_length)
+    return Limits(prompt_length, response_length, context, holds, tiny)
 
 
 @dataclass(frozen=True)

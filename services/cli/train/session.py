@@ -406,16 +406,6 @@ def _preflight(stack: Stack, plan: TrainPlan, model_path: Path, out: TextIO) -> 
     return FAILURE
 
 
-def _limits(plan: TrainPlan, model_path: Path) -> prompt_fit.Limits:
-    """What the agent's prompts must fit in this run."""
-    tiny = plan.model == options.TINY_MODEL
-    wanted = plan.max_prompt_length + plan.max_response_length
-    holds = prompt_fit.LONG_POSITIONS if tiny else prompt_fit.model_positions(model_path)
-    return prompt_fit.Limits(
-        plan.max_prompt_length, plan.max_response_length, checks.engine_context(model_path, wanted), holds, tiny
-    )
-
-
 def _train_in(
     stack: Stack, plan: TrainPlan, model_path: Path, out: TextIO, records: list[dict[str, Any]]
 ) -> tuple[int, dict[str, Any]]:
@@ -434,7 +424,8 @@ def _train_in(
             raise
         # A first prompt that does not fit is named first: the agent's own failure is often what the 400 made of it.
         measured = run_async(prompt_fit.measure_first_prompt(record, stack.engine_url))
-        problem = prompt_fit.problem(measured, _limits(plan, model_path)) if measured else None
+        tiny, lengths = plan.model == options.TINY_MODEL, (plan.max_prompt_length, plan.max_response_length)
+        problem = prompt_fit.problem(measured, prompt_fit.run_limits(tiny, model_path, *lengths)) if measured else None
         if problem:
             write_run_file(plan, model_path, "failed", error=problem)
             out.write(f"agl train: {problem}\n")
