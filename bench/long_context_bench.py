@@ -109,7 +109,8 @@ from openai import OpenAI
 
 
 class LongPrompt:
-    """A harness-sized first prompt (a system prompt of --row-tokens bytes), one call, a random reward."""
+    """A harness-sized first prompt (a system prompt of --row-tokens bytes), one call, a reward in [0, 1) (every
+    group's rewards differ, so every step updates)."""
 
     def run(self):
         client = OpenAI(base_url=os.environ["AGL_OPENAI_BASE_URL"], api_key=os.environ["AGL_KEY"], max_retries=0)
@@ -118,7 +119,7 @@ class LongPrompt:
             model="any", max_tokens=8,
             messages=[{"role": "system", "content": system}, {"role": "user", "content": "go"}],
         )
-        return float(random.random() < 0.5)
+        return random.random()
 '''
 
 
@@ -170,9 +171,9 @@ def trainer_bench(args: argparse.Namespace) -> int:
     metrics = root / "run" / "metrics.jsonl"
     if metrics.is_file():
         for line in metrics.read_text().splitlines():
-            record = json.loads(line)
+            record = {"step": json.loads(line)["step"], **json.loads(line)["data"]}
             timing = {k: round(v, 1) for k, v in record.items() if k.startswith("timing_s/")}
-            lengths = {k: v for k, v in record.items() if k.startswith(("prompt_length/", "response_length/"))}
+            lengths = {k: v for k, v in record.items() if "length" in k or "memory" in k}
             print(f"step {record.get('step')}: {timing} {lengths}")
     for name, gib in sorted(peaks.items(), key=lambda item: -item[1])[:4]:
         print(f"peak resident: {name} {gib:.2f} GiB")

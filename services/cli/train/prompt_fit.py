@@ -28,9 +28,10 @@ from services.engine.tiny_model import LONG_POSITIONS, POSITIONS
 from ..errors import USAGE, CliError
 from .checks import engine_context
 
-# verl's default for the actor's token budget per micro-batch (actor_rollout_ref.actor.ppo_max_token_len_per_gpu,
-# with use_dynamic_bsz in the CPU placement); verl refuses a row longer than it ("max_token_len must be greater than
-# the sequence length"), so a run with longer rows raises it to the rows' length.
+# The actor's token budget per micro-batch in the CPU placement (actor_rollout_ref.actor.ppo_max_token_len_per_gpu
+# with use_dynamic_bsz, hydra-conf/placement/cpu.yaml; verl's default too; the log-prob budgets follow it): verl
+# refuses a row longer than it ("max_token_len must be greater than the sequence length"), so a run with longer rows
+# raises it to the rows' length.
 TRAINER_TOKEN_BUDGET = 16_384
 # vLLM's refusal of a prompt longer than its context (vllm/renderers/params.py, 0.32): "... your prompt contains
 # [at least ]N input tokens ..."; the stand-in engine says the same.
