@@ -123,15 +123,17 @@ class LongPrompt:
 '''
 
 
-def peak_worker_memory(stop: threading.Event, peaks: dict[str, float]) -> None:
-    """The largest VmHWM seen of each Ray worker process (the actor runs in one), in GiB."""
+def peak_worker_memory(stop: threading.Event, peaks: dict[str, float], marker: bytes) -> None:
+    """The largest VmHWM seen of each Ray worker process of this run (the actor runs in one), in GiB: a process of
+    this run has the run's folder in its environment (the trainer's VERL_FILE_LOGGER_PATH, which Ray passes on), so
+    other runs' Ray workers on the same machine are left out."""
     while not stop.is_set():
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                if not cmdline.startswith("ray::"):
+                if not cmdline.startswith("ray::") or marker not in (entry / "environ").read_bytes():
                     continue
                 status = (entry / "status").read_text()
             except OSError:
@@ -158,7 +160,7 @@ def trainer_bench(args: argparse.Namespace) -> int:
     env["LONG_CHARS"] = str(args.row_tokens)
     peaks: dict[str, float] = {}
     stop = threading.Event()
-    watcher = threading.Thread(target=peak_worker_memory, args=(stop, peaks), daemon=True)
+    watcher = threading.Thread(target=peak_worker_memory, args=(stop, peaks, str(root).encode()), daemon=True)
     watcher.start()
     started = time.perf_counter()
     result = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=3600)
