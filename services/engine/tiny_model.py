@@ -4,7 +4,12 @@ The tokenizer maps every byte to one token (a BPE with no merges), so any text r
 special tokens; the chat template is compact (`<|im_start|>u:...<|im_end|>`) so prompts stay short. The model
 is randomly initialised and saved in Hugging Face format (safetensors), which both vLLM and verl load.
 
-    python -m services.engine.tiny_model data/models/tiny-qwen [--hidden 128] [--layers 4]
+A long-context variant (`positions=LONG_POSITIONS`) holds the first prompt of a real harness (13-19k tokens with
+their tokenizers, 20-40k with this one): the same weights (rotary positions have none), a config whose
+max_position_embeddings is 65,536 and whose RoPE base is Qwen2.5's, so the slowest rotation (~4 M positions) is far
+longer than any prompt. The default (512 positions, base 10,000) is the demo's model and stays as it is.
+
+    python -m services.engine.tiny_model data/models/tiny-qwen [--hidden 128] [--layers 4] [--positions 65536]
 """
 
 from __future__ import annotations
@@ -79,6 +84,17 @@ QWEN2_PIECES = (
 )
 # Written next to the weights: a model directory says how it was made.
 RECIPE_FILE = "agl_tiny_model.json"
+# Positions: the demo's model has 512 (its rows are 256 + 256 tokens); the long-context variant holds a harness.
+POSITIONS = 512
+LONG_POSITIONS = 65_536
+# RoPE's base: 10,000 at 512 positions (the slowest of the 32 rotations of a 64-wide head turns once in ~47,000
+# positions, beyond which positions alias); 1,000,000 beyond (Qwen2.5's, for 32k-128k contexts: ~4 M positions).
+ROPE_THETA = 10_000.0
+LONG_ROPE_THETA = 1_000_000.0
+
+
+def rope_theta(positions: int) -> float:
+    return ROPE_THETA if positions <= POSITIONS else LONG_ROPE_THETA
 
 
 def build_tokenizer(  # type: ignore[no-untyped-def]
@@ -130,9 +146,10 @@ def build_tiny_model(
     seed: int = 0,
     corpus: Sequence[str] = (),
     chat_template: str = CHAT_TEMPLATE,
+    positions: int = POSITIONS,
 ) -> Path:
     """Writes tokenizer, config and random weights to out_dir; returns it. Deterministic for a given seed
-    and corpus (see build_tokenizer)."""
+    and corpus (see build_tokenizer); the weights do not depend on `positions` (the model's context length)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from transformers.utils import logging as transformers_logging
@@ -141,6 +158,8 @@ def build_tiny_model(
 
     if hidden % 64:
         raise ValueError(f"hidden={hidden}: must be a multiple of 64 (the head size)")
+    if positions < POSITIONS:
+        raise ValueError(f"positions={positions}: at least {POSITIONS}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(corpus, chat_template=chat_template)
@@ -154,12 +173,12 @@ def build_tiny_model(
         num_attention_heads=hidden // 64,
         num_key_value_heads=max(1, hidden // 128),
         head_dim=64,
-        max_position_embeddings=512,
+        max_position_embeddings=positions,
         tie_word_embeddings=True,
         eos_token_id=eos_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
-        rope_theta=10000.0,
+        rope_theta=rope_theta(positions),
         torch_dtype="float32",
     )
     torch.manual_seed(seed)
@@ -177,6 +196,8 @@ def build_tiny_model(
         "vocab": len(tokenizer),
         "parameters": params,
         "warm_start": None,
+        # Only where it is not the default: the demo's recipe (and so its cached model) stays as it was.
+        **({"positions": positions} if positions != POSITIONS else {}),
     }
     (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
     make_readable(out)
@@ -189,8 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--positions", type=int, default=POSITIONS, help=f"context length ({LONG_POSITIONS}: long)")
     args = parser.parse_args(argv)
-    out = build_tiny_model(args.out_dir, hidden=args.hidden, layers=args.layers, seed=args.seed)
+    out = build_tiny_model(
+        args.out_dir, hidden=args.hidden, layers=args.layers, seed=args.seed, positions=args.positions
+    )
     recipe = json.loads((out / RECIPE_FILE).read_text())
     print(f"{out}: {recipe['parameters']:,} parameters")
     return 0

@@ -122,7 +122,8 @@ def test_train_runs_the_users_agent_on_their_tasks_then_export_and_eval(workdir:
     assert "supervised start: 5 examples, 20 steps of 5 at lr 0.001" in out
     assert "supervised start: step 20/20, loss " in out
     assert re.search(r"pre-flight: [1-4] of 4 groups \(4 tasks x 4 samples\) with rewards that differ", out), out
-    assert "smoke rollout: ok (1 model call(s)" in out
+    # The first prompt measured before training (prompt_fit.py), within the run's row limit.
+    assert re.search(r"smoke rollout: ok \(1 model call\(s\), first prompt \d+ tokens of --max-prompt-length 96, ", out)
     assert "console: http://127.0.0.1:" in out
     steps = [line for line in out.splitlines() if line.startswith("step ")]
     assert steps[0].startswith("step   0/2  held-out reward") and "(before training)" in steps[0]
@@ -378,6 +379,7 @@ def _bad_inputs(workdir: Path) -> list[tuple[list[str], str]]:
         ([*data, *AGENT, "--sft-steps", "5"], "--sft-steps applies to a supervised start: give --sft-data FILE"),
         ([*data, *AGENT, "--sft-data", "none.jsonl"], "--sft-data none.jsonl: no such file"),
         ([*data, *AGENT, "--sft-data", "broken.jsonl"], "--sft-data broken.jsonl line 1: "),
+        ([*data, *AGENT, "--max-prompt-length", "65536"], "more than the tiny model's 65,536 positions hold"),
     ]
 
 

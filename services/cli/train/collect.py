@@ -75,9 +75,26 @@ def trajectory(entry: Any) -> dict[str, Any]:
                     "model": call.model,
                     "model_version": call.model_version,
                     "http_status": call.http_status,
+                    # A refused call: what the engine said, and the request it refused (the prompt's size is
+                    # measured from it: prompt_fit.py).
+                    **(_refusal(call) if call.http_status >= 400 else {}),
                 }
             )
     return record
+
+
+def _refusal(call: Any) -> dict[str, Any]:
+    try:
+        body = json.loads(call.response_json or "null")
+    except ValueError:
+        body = call.response_json
+    error = body.get("error", body) if isinstance(body, dict) else body
+    message = error.get("message") if isinstance(error, dict) else error
+    try:
+        request = json.loads(call.request_json or "null")
+    except ValueError:
+        request = None
+    return {"error": " ".join(str(message or "").split())[:2000], "request": request}
 
 
 async def consume_terminal(
@@ -162,5 +179,6 @@ def rollout_problem(record: Mapping[str, Any], log: Path) -> str | None:
         return f"{record['rollout_id']}: the agent made no model call through AGL_OPENAI_BASE_URL (agent log: {log})"
     bad = [call for call in record["calls"] if call.get("http_status", 200) >= 400]
     if bad:
-        return f"{record['rollout_id']}: a model call got HTTP {bad[0]['http_status']} (agent log: {log})"
+        said = f": {bad[0]['error'][:300]}" if bad[0].get("error") else ""
+        return f"{record['rollout_id']}: a model call got HTTP {bad[0]['http_status']}{said} (agent log: {log})"
     return None

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import USAGE, CliError
+from .prompt_fit import tiny_positions
 
 TINY_MODEL = "tiny"
 RUNS_DIR = Path("agl-runs")
@@ -67,7 +68,10 @@ def _add_agent_options(parser: argparse.ArgumentParser, *, engine: bool = True) 
     )
     group.add_argument("--rollout-timeout", type=positive_float, default=None, help="seconds per rollout (600)")
     group.add_argument(
-        "--max-prompt-length", type=positive_int, default=None, help="tokens of a row's prompt (tiny 256, else 2048)"
+        "--max-prompt-length",
+        type=positive_int,
+        default=None,
+        help="tokens of a row's prompt (tiny 256, else 2048); the tiny model holds up to 65,536 with the response",
     )
     group.add_argument(
         "--max-response-length", type=positive_int, default=None, help="tokens of a response (tiny 256, else 1024)"
@@ -316,10 +320,14 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-# Row limits by model: the tiny model has 512 positions.
+# Row limits by model: the tiny model has 512 positions (its long-context variant, for longer rows, 65,536).
 LENGTHS = {TINY_MODEL: (256, 256), "model": (2048, 1024)}
 
 
 def lengths(model: str, prompt: int | None, response: int | None) -> tuple[int, int]:
+    """The row limits for --model; rows the tiny model cannot hold are refused (one line)."""
     prompt_default, response_default = LENGTHS[TINY_MODEL if model == TINY_MODEL else "model"]
-    return prompt or prompt_default, response or response_default
+    found = prompt or prompt_default, response or response_default
+    if model == TINY_MODEL:
+        tiny_positions(*found)
+    return found

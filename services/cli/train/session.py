@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from services._gen.agl.v1 import run_pb2
 
 from ..errors import FAILURE, USAGE, CliError
-from . import checks, collect, export, lora, options, preflight, report, reporting, sft
+from . import checks, collect, export, lora, options, preflight, prompt_fit, report, reporting, sft
 from .plan import TrainPlan, plan_from_args, unfinished_runs_like, write_run_file
 from .signals import Interrupted, raise_on_signals, run_async
 from .stack import CHECKOUT, Stack, check_services, child_environment, running_stack, while_services_run
@@ -55,12 +55,15 @@ def tiny_model(plan: TrainPlan, out: TextIO) -> Path:
     from services.engine.tiny_model import build_tiny_model
 
     path = plan.output / "base-model"
+    positions = prompt_fit.tiny_positions(plan.max_prompt_length, plan.max_response_length)
     if (path / "config.json").is_file():
+        prompt_fit.check_resumed_tiny_model(path, positions)
         return path
-    out.write("model: a tiny random model (--model tiny; pass --model DIR to train a real one)\n")
+    long = f", {positions:,} positions" if positions > prompt_fit.POSITIONS else ""
+    out.write(f"model: a tiny random model{long} (--model tiny; pass --model DIR to train a real one)\n")
     partial = path.with_name("base-model.partial")
     corpus = [text for task in plan.tasks for text in task_strings(task)]
-    build_tiny_model(partial, corpus=corpus + list(sft.example_strings(plan.sft_examples)))
+    build_tiny_model(partial, corpus=corpus + list(sft.example_strings(plan.sft_examples)), positions=positions)
     partial.rename(path)
     return path
 
@@ -95,6 +98,7 @@ def trainer_overrides(plan: TrainPlan, stack: Stack, model_path: Path) -> list[s
         f"actor_rollout_ref.model.path={model_path}",
         f"actor_rollout_ref.actor.optim.lr={plan.lr}",
         *(lora_overrides(plan) if plan.lora_rank else []),
+        *prompt_fit.trainer_overrides(plan.max_prompt_length, plan.max_response_length),
         f"trainer.total_training_steps={plan.steps}",
         f"trainer.test_freq={plan.val_every if plan.val_every > 0 and plan.val_file else -1}",
         f"trainer.val_before_train={'true' if plan.val_file else 'false'}",
@@ -418,12 +422,21 @@ def _train_in(
         except CliError as err:  # a service stopped meanwhile
             write_run_file(plan, model_path, "failed", error=str(err))
             raise
+        # A first prompt that does not fit is named first: the agent's own failure is often what the 400 made of it.
+        measured = run_async(prompt_fit.measure_first_prompt(record, stack.engine_url))
+        tiny, lengths = plan.model == options.TINY_MODEL, (plan.max_prompt_length, plan.max_response_length)
+        problem = prompt_fit.problem(measured, prompt_fit.run_limits(tiny, model_path, *lengths)) if measured else None
+        if problem:
+            write_run_file(plan, model_path, "failed", error=problem)
+            out.write(f"agl train: {problem}\n")
+            return USAGE, {}
         problem = collect.rollout_problem(record, agent_log(stack, record["rollout_id"]))
         if problem:
             write_run_file(plan, model_path, "failed", error=problem)
             out.write(f"agl train: the smoke rollout failed, nothing was trained: {problem}\n")
             return USAGE, {}
-        out.write(f"smoke rollout: ok ({len(record['calls'])} model call(s), reward {record['reward']})\n")
+        first = f", first prompt {measured} of --max-prompt-length {plan.max_prompt_length}" if measured else ""
+        out.write(f"smoke rollout: ok ({len(record['calls'])} model call(s){first}, reward {record['reward']})\n")
         if plan.preflight and not plan.resume:  # a resumed run learned from its start already
             refused = _preflight(stack, plan, model_path, out)
             if refused is not None:
