@@ -21,8 +21,9 @@ from tests.trainer import cpu_stack
 from tests.trainer.cpu_stack import KEY, Stack, endpoint_version, max_weight_change, trainer_overrides, write_tasks
 from tools.multinode_sim import HEAD, NODE_START_TRIES, WORKER, Cluster, NodeExited, ray_environment, start_until_up
 
-# multinode: ~100 s on top of the shared engine, in CI's default run (`make multinode-test` runs it alone).
-pytestmark = [pytest.mark.trainer, pytest.mark.multinode, pytest.mark.timeout(1500)]
+# The two-raylet training run (multinode, ~100 s on top of the shared engine) is out of the default run for CI's
+# time budget (the suite was at 5,094 s of its 5,400 s limit): `make multinode-test` runs this file whole.
+pytestmark = [pytest.mark.trainer, pytest.mark.timeout(1500)]
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "multinode_sim.py"
 STEPS = 2
@@ -39,6 +40,7 @@ async def _run_steps(stack: Stack, run_id: str) -> dict[int, dict[str, float]]:
         return {s.step: dict(s.metrics) for s in await client.list_run_steps(run_id) if s.step > 0}
 
 
+@pytest.mark.multinode
 def test_a_ray_job_over_two_raylets_trains_with_a_rank_on_each_node(
     stack: Stack, cpu_engine: Engine, tmp_path: Path
 ) -> None:
