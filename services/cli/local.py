@@ -60,9 +60,16 @@ def _open(args: argparse.Namespace) -> int:
             print(f"console: {served.console_url} (sign in with the key in {key_file})")
             print(f'ledger: {served.ledger}, e.g. agl --ledger {served.ledger} --key "$(cat {key_file})" runs')
             print("Ctrl-C stops them", flush=True)
-            while True:
-                signal.pause()
-    except Interrupted:
+            try:
+                while True:
+                    signal.pause()
+            except Interrupted:
+                # The stop on the way out is bounded: a second signal (a shell's, or `timeout`'s) must not cut it
+                # short and leave the ledger running.
+                for sig in previous:
+                    signal.signal(sig, signal.SIG_IGN)
+        return 0
+    except Interrupted:  # during the start: what had started is stopped by serving's own exit
         return 0
     finally:
         for sig, handler in previous.items():
