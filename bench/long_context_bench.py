@@ -34,27 +34,12 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.engine_bench import group_rss_gib  # noqa: E402
 from services.engine.tiny_model import LONG_POSITIONS, build_tiny_model  # noqa: E402
 from tests.support.engine import ENGINE_PYTHON, reference_logprobs, run_engine  # noqa: E402
 
 # vLLM's own lines about the KV cache it set aside (CPU: VLLM_CPU_KVCACHE_SPACE, AGL's --kv-cache-gib).
 KV_LINES = re.compile(r"KV cache size|GiB for KV cache|init engine")
-
-
-def group_rss_gib(pgid: int) -> float:
-    total_kib = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:
-                continue
-            status = (entry / "status").read_text()
-        except (OSError, IndexError, ValueError):
-            continue
-        total_kib += sum(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
-    return total_kib / 1024 / 1024
 
 
 def prefill(url: str, model: str, tokens: int, vocab: int, seed: int) -> tuple[float, dict]:
