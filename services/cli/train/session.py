@@ -3,9 +3,9 @@
 Everything it started stops on exit, on Ctrl-C and on SIGTERM; an interrupted run is marked failed in the
 ledger with the reason (and `--resume` continues it from its last checkpoint).
 
-A little over 400 lines: the run's sequence (stack, smoke rollout, trainer, export) shares one run record and one
-signal-handling scope, which splitting would thread through every piece; the plan (options, checks, run file) is
-its own module, plan.py.
+The run's sequence (supervised start, stack, smoke rollout, pre-flight, trainer, export) shares one run record and
+one signal-handling scope; the plan (options, checks, run file) is plan.py, the pre-flight's judgement
+preflight.py, the supervised start sft.py.
 """
 
 from __future__ import annotations
