@@ -277,11 +277,21 @@ def run_interruptible(command: str, body: Callable[[], int], out: TextIO) -> int
 def train(plan: TrainPlan, out: TextIO = sys.stdout, *, base_model: Path | None = None) -> int:
     """Runs the plan; the exit code. base_model: a model the caller prepared (else --model, or the tiny one)."""
     plan.output.mkdir(parents=True, exist_ok=True)
-    model_path = base_model or (tiny_model(plan, out) if plan.model == options.TINY_MODEL else Path(plan.model))
-    if plan.supervised is not None:
-        model_path = sft.supervised_start(
-            model_path, plan.sft_examples, plan.supervised, plan.output / "supervised-model", out
-        )
+    prepared: list[Path] = []
+
+    def prepare_model() -> int:
+        # Interruptible like the rest: a supervised start takes minutes, and a shell's background job starts with
+        # SIGINT ignored until handlers are installed (Ctrl-C went unheard until the services started).
+        path = base_model or (tiny_model(plan, out) if plan.model == options.TINY_MODEL else Path(plan.model))
+        if plan.supervised is not None:
+            path = sft.supervised_start(path, plan.sft_examples, plan.supervised, plan.output / "supervised-model", out)
+        prepared.append(path)
+        return 0
+
+    stopped = run_interruptible("train", prepare_model, out)
+    if not prepared:
+        return stopped
+    model_path = prepared[0]
     if not plan.resume:
         for stale in (METRICS_FILE, TRAJECTORIES_FILE, "reward_curve.png"):
             (plan.output / stale).unlink(missing_ok=True)
