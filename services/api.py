@@ -111,8 +111,8 @@ def _run(call: Any) -> Any:
 def train(*, overrides: Sequence[str] = (), out: TextIO | None = None, **options: Any) -> TrainResult:
     """`agl train` (services/cli/train/session.py): every option of the command as a keyword (data, val,
     agent_class or command, env_map, model, steps, tasks_per_step, group_size, lr, sft_data, sft_steps, sft_lr,
-    val_every, save_every, placement, export_dtype, lora_rank, lora_alpha, merge_adapter, report_to, output,
-    run_id, resume, allow_no_learning, rollout_timeout, max_prompt_length, max_response_length,
+    val_every, save_every, placement, export_dtype, export_weights, lora_rank, lora_alpha, merge_adapter, report_to,
+    output, run_id, resume, allow_no_learning, rollout_timeout, max_prompt_length, max_response_length,
     tool_call_parser, config); `overrides`: Hydra overrides for the trainer."""
     from services.cli.train import options as train_options
     from services.cli.train.plan import plan_from_args
@@ -149,8 +149,8 @@ def try_agent(*, out: TextIO | None = None, **options: Any) -> int:
 
 def evaluate(*, out: TextIO | None = None, **options: Any) -> EvalResult:
     """`agl eval` (services/cli/train/evaluate.py): the agent once on every task with `model` at the validation
-    temperature. Options: model, data, agent_class or command, env_map, output, concurrency, rollout_timeout,
-    tool_call_parser, config."""
+    temperature. Options: model, baseline (scored on the same tasks: its rows in output/baseline.jsonl), data,
+    agent_class or command, env_map, output, concurrency, rollout_timeout, tool_call_parser, config."""
     from services.cli.train import options as train_options
     from services.cli.train.evaluate import RESULTS_FILE, evaluate_model
 
@@ -162,13 +162,20 @@ def evaluate(*, out: TextIO | None = None, **options: Any) -> EvalResult:
 
 
 def export(
-    run: str | Path, *, to: str | Path | None = None, dtype: str = "trained", merge_adapter: bool = False
+    run: str | Path,
+    *,
+    to: str | Path | None = None,
+    dtype: str = "trained",
+    merge_adapter: bool = False,
+    weights: str | None = None,
 ) -> Path:
-    """`agl export` (services/cli/train/export.py): the run's latest weights as a Hugging Face model directory
-    (a LoRA run: its adapter, and with merge_adapter the merged model); the directory written."""
+    """`agl export` (services/cli/train/export.py): the run's weights as a Hugging Face model directory (a LoRA
+    run: its adapter, and with merge_adapter the merged model); the directory written. weights: "best" (the best
+    validation's), "last" (the last step's), None: the best when the run kept them."""
     from services.cli.train.export import export_run
 
-    written: Path = _run(lambda: export_run(str(run), Path(to) if to else None, dtype, merge_adapter))
+    target = Path(to) if to else None
+    written: Path = _run(lambda: export_run(str(run), target, dtype, merge_adapter, weights=weights))
     return written
 
 

@@ -45,7 +45,7 @@ def _eval(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from .train.export import run_export_command
 
-    return run_export_command(args.run, args.to, args.dtype, args.merge_adapter)
+    return run_export_command(args.run, args.to, args.dtype, args.merge_adapter, args.weights)
 
 
 def _open(args: argparse.Namespace) -> int:

@@ -83,6 +83,8 @@ class TrainerSettings:
     engine_check_s: float = 2.0
     # JSONL of every consumed rollout with its decoded text (services/trainer/trajectory_log.py); None: off.
     trajectory_log: str | None = None
+    # Where the best validated weights are kept (services/trainer/best.py); None: off.
+    best_dir: str | None = None
     # Infrastructure failures out of the advantage (services/trainer/infra_policy.py).
     infra: InfraSettings = field(default_factory=InfraSettings)
     # Step-health limits (services/trainer/guardrails.py) and how many rollout ids a line names.
@@ -326,6 +328,7 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         adapter_push=external and trains_adapter(model_cfg),
         engine_check_s=float(engine_check_s),
         trajectory_log=str(agl.trajectory_log) if agl.get("trajectory_log") else None,
+        best_dir=_best_dir(agl.get("best_dir"), cfg),
         infra=infra,
         health_limits=limits,
         health_rollouts_named=rollouts_named,
@@ -333,6 +336,20 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         row_records=bool(agl.get("row_records", True)) and keep_steps != 0,
         pause_scope=_pause_scope(async_cfg),
     )
+
+
+def _best_dir(value: Any, cfg: Any) -> str | None:
+    """agl.best_dir: an absolute folder, and only where there is a validation to pick the best by."""
+    if not value:
+        return None
+    if not Path(str(value)).is_absolute():
+        raise ConfigError(f"agl.best_dir={value!r}: set an absolute folder")
+    if not _get(cfg, "data.val_files", None) or int(_get(cfg, "trainer.test_freq", -1)) <= 0:
+        raise ConfigError(
+            "agl.best_dir keeps the weights of the best validation: set data.val_files and trainer.test_freq > 0 "
+            "(or leave agl.best_dir unset)"
+        )
+    return str(value)
 
 
 def _pause_scope(async_cfg: Any) -> str:

@@ -47,6 +47,7 @@ from services.client import THROUGH_RESTARTS, LedgerClient, LedgerError
 
 from . import health, progress
 from .adapter import build_training_batch
+from .best import BestWeights
 from .config import TrainerSettings
 from .correction import apply_rollout_correction
 from .datasets import TaskLoader
@@ -63,6 +64,7 @@ from .guardrails import Guardrails, HealthStop, all_failed_line
 from .hooks import load_hooks
 from .infra_policy import select, wholly_lost
 from .loop_thread import LoopThread
+from .lora import adapter_dir
 from .loss import apply_row_weights
 from .manager import RolloutManager, StepResult
 from .rewind import SNAPSHOT_FILE
@@ -175,6 +177,7 @@ class AglPPOTrainer(RayPPOTrainer):
         if self.agl.trajectory_log:
             inputs = {s.data_id: s.input for s in [*self.train_samples, *self.val_samples]}
             self.trajectories = TrajectoryLog(self.agl.trajectory_log, self.tokenizer.decode, inputs)
+        self.best = BestWeights(Path(self.agl.best_dir)) if self.agl.best_dir else None
         # The pause names this run and holds a lease the drainer renews while the update runs: a trainer killed
         # mid-update leaves a pause the ledger lifts when the lease runs out.
         pause = {"owner": f"trainer:{self.agl.run_id}", "lease_s": self.agl.pause_lease_s,
@@ -528,12 +531,52 @@ class AglPPOTrainer(RayPPOTrainer):
         tracker.log(data=metrics, step=self.global_steps)
         self.loop.run(progress.report_step(self.ledger, self.agl.run_id, self.global_steps, metrics))
 
+    def _save(self) -> None:
+        started = time.monotonic()
+        # Before verl's save, which declares the checkpoint whole last (its tracker file).
+        self.manager.snapshot(self._checkpoint_folder(self.global_steps) / SNAPSHOT_FILE, self.global_steps)
+        self._save_checkpoint()
+        log.info("step %d: checkpoint saved in %.1fs", self.global_steps, time.monotonic() - started)
+
+    def _checkpoint_folder(self, step: int) -> Path:
+        return Path(str(self.config.trainer.default_local_dir)) / f"global_step_{step}"
+
+    def _keep_if_best(self, metrics: dict[str, Any]) -> None:
+        """A validation that beats the run's earlier ones: the weights it scored are kept (services/trainer/best.py).
+        External engines were given them as a file (or an adapter directory); verl's own replicas got them in
+        memory, so the step's checkpoint (saved now if the save frequency did not) holds them in HF form, and the
+        start of a fresh run is the base model's own files."""
+        if self.best is None:
+            return
+        if not self.best.is_better(metrics):  # noted in the record's history, the kept weights stay
+            self.best.record(self.global_steps, metrics)
+            return
+        adapter = adapter_dir(Path(self.agl.weights_dir), self.weights_version) if self.agl.adapter_push else None
+        if adapter is not None:
+            files, where = [], adapter
+        elif self.agl.external_engines:
+            where = Path(self.agl.weights_dir)
+            files = sorted(where.glob("*.safetensors"))
+        else:
+            where = self._checkpoint_folder(self.global_steps) / "actor" / "huggingface"
+            if self.global_steps > 0 and not any(where.glob("*.safetensors")):
+                self._save()
+            if self.global_steps == 0 and not any(where.glob("*.safetensors")):
+                where = Path(str(self.config.actor_rollout_ref.model.path))
+            files = sorted([*where.glob("*.safetensors"), *where.glob("model.safetensors.index.json")])
+        if not files and not (adapter is not None and adapter.is_dir()):
+            log.warning("step %d: a new best held-out reward, but no weights in %s to keep", self.global_steps, where)
+            return
+        self.best.record(self.global_steps, metrics, files=files, adapter=adapter)
+
     def _forget_after(self, step: int) -> None:
         """The run's own records of steps after the checkpoint it resumed from: those steps are done again."""
         if self.trajectories is not None:
             dropped = self.trajectories.forget_after(step)
             if dropped:
                 log.info("trajectory log: dropped %d records of steps after %d, which are done again", dropped, step)
+        if self.best is not None:
+            self.best.forget_after(step)
 
     def fit(self) -> None:
         tracker = Tracking(
@@ -560,6 +603,7 @@ class AglPPOTrainer(RayPPOTrainer):
             val_only = bool(self.config.trainer.get("val_only", False))
             if val_only or self.config.trainer.get("val_before_train", False):
                 start_metrics.update(self._validate())
+                self._keep_if_best(start_metrics)
             if start_metrics:
                 self._report(tracker, start_metrics)
             if val_only:  # validates and ends (the run is recorded succeeded); verl's own meaning of the key
@@ -599,12 +643,8 @@ class AglPPOTrainer(RayPPOTrainer):
                 # pass's (_forget_after).
                 save_freq = self.config.trainer.save_freq
                 if save_freq > 0 and (last or self.global_steps % save_freq == 0):
-                    started_save = time.monotonic()
-                    folder = Path(str(self.config.trainer.default_local_dir)) / f"global_step_{self.global_steps}"
-                    # Before verl's save, which declares the checkpoint whole last (its tracker file).
-                    self.manager.snapshot(folder / SNAPSHOT_FILE, self.global_steps)
-                    self._save_checkpoint()
-                    log.info("step %d: checkpoint saved in %.1fs", self.global_steps, time.monotonic() - started_save)
+                    self._save()
+                self._keep_if_best(metrics)
                 self.global_steps += 1
         except HealthStop as exc:
             error = f"health stop: {exc}"

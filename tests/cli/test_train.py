@@ -169,6 +169,19 @@ def test_train_runs_the_users_agent_on_their_tasks_then_export_and_eval(workdir:
     assert opened.returncode == 0
     assert processes_mentioning(str(output / "stack")) == []
 
+    # The run kept its best validation's weights (steps 0 and 2 validated) and model/ holds them; the line says so.
+    best = json.loads((output / "best" / "best.json").read_text())
+    assert [step for step, _ in best["validations"]] == [0, 2], best
+    assert best["reward"] == max(reward for _, reward in best["validations"])
+    assert best["step"] == min(step for step, reward in best["validations"] if reward == best["reward"])
+    assert f"weights: the weights of step {best['step']}, the best held-out reward ({best['reward']:.3f}) of 2 " in out
+    assert run["exported_weights"] == "best"
+    from safetensors.torch import load_file
+
+    exported_best = load_file(str(output / "model" / "model.safetensors"))
+    kept = load_file(str(output / "best" / "model.safetensors"))
+    assert exported_best.keys() == kept.keys() and all(torch.equal(exported_best[k], kept[k]) for k in kept)
+
     # The model: loads in transformers, in the dtype it was trained in, with the tokenizer and chat template.
     model_dir = output / "model"
     model = AutoModelForCausalLM.from_pretrained(model_dir)
@@ -182,14 +195,18 @@ def test_train_runs_the_users_agent_on_their_tasks_then_export_and_eval(workdir:
     assert str(next(half.parameters()).dtype) == "torch.bfloat16"
     assert json.loads((workdir / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
 
+    # --weights last: the last step's, the file last pushed to the engine.
+    pushed = output / "state" / "weights" / "model.safetensors"
+    last = agl("export", "shop1", "--weights", "last", "--to", str(workdir / "last"), cwd=workdir)
+    assert last.returncode == 0 and "weights: the last step's weights, as asked" in last.stdout, last.stderr
+    tensors_last, tensors_pushed = load_file(str(workdir / "last" / "model.safetensors")), load_file(str(pushed))
+    assert all(torch.equal(tensors_last[k], tensors_pushed[k]) for k in tensors_pushed)
+
     # Without the pushed weights file (a GPU run has none), export takes the newest checkpoint's HF weights: the
     # same tensors, since the last step's checkpoint is saved after its update.
-    from safetensors.torch import load_file
-
-    pushed = output / "state" / "weights" / "model.safetensors"
     aside = workdir / "pushed.safetensors"
     pushed.rename(aside)
-    from_checkpoint = agl("export", str(output), "--to", str(workdir / "from-ckpt"), cwd=workdir)
+    from_checkpoint = agl("export", str(output), "--weights", "last", "--to", str(workdir / "from-ckpt"), cwd=workdir)
     assert from_checkpoint.returncode == 0, from_checkpoint.stderr
     saved = {}
     for shard in (workdir / "from-ckpt").glob("*.safetensors"):
@@ -201,7 +218,10 @@ def test_train_runs_the_users_agent_on_their_tasks_then_export_and_eval(workdir:
     AutoModelForCausalLM.from_pretrained(workdir / "from-ckpt")
     aside.rename(pushed)
 
-    scored = agl("eval", "--model", str(model_dir), *AGENT, "--data", "shop.jsonl", *ENV_MAP, cwd=workdir)
+    # Scored against the model it was trained from (--baseline: its weights loaded into the same engine).
+    base = output / "supervised-model"
+    argv = ["eval", "--model", str(workdir / "last"), "--baseline", str(base), *AGENT, "--data", "shop.jsonl"]
+    scored = agl(*argv, *ENV_MAP, cwd=workdir)
     assert scored.returncode == 0, scored.stdout[-3000:] + scored.stderr[-3000:]
     assert "mean reward " in scored.stdout and "over 40 tasks (40 rewarded, 0 failed" in scored.stdout
     results_path = Path(scored.stdout.split("per task: ")[1].split()[0])
@@ -210,6 +230,15 @@ def test_train_runs_the_users_agent_on_their_tasks_then_export_and_eval(workdir:
     assert all(row["state"] == "succeeded" and isinstance(row["reward"], float) for row in rows)
     mean = float(scored.stdout.split("mean reward ")[1].split()[0])
     assert abs(mean - sum(row["reward"] for row in rows) / 40) < 1e-3
+    base_rows = [json.loads(line) for line in (results_path.parent / "baseline.jsonl").read_text().splitlines()]
+    assert [row["task"] for row in base_rows] == list(range(40))
+    base_mean = float(scored.stdout.split("baseline: mean reward ")[1].split()[0])
+    assert abs(base_mean - sum(row["reward"] for row in base_rows) / 40) < 1e-3
+    better = sum(a["reward"] > b["reward"] for a, b in zip(rows, base_rows, strict=True))
+    worse = sum(a["reward"] < b["reward"] for a, b in zip(rows, base_rows, strict=True))
+    assert f"against the baseline: {mean - base_mean:+.3f} ({better} tasks better, {worse} worse, " in scored.stdout
+    # The baseline's calls were served by the weights loaded for it (the version its reload was labelled with).
+    assert {r["model_version"] for r in rows} == {0} and {r["model_version"] for r in base_rows} == {1}
     assert processes_mentioning(str(workdir)) == [], "agl left processes running"
 
 
@@ -223,6 +252,9 @@ def test_lora_rank_trains_an_adapter_the_engine_serves_and_merges_it_on_request(
 
     argv = ["train", *AGENT, "--data", "shop.jsonl", *ENV_MAP, *SMALL, "--steps", "2", "--run-id", "shoplora"]
     argv += ["--lora-rank", "8", "--merge-adapter", "actor_rollout_ref.actor.optim.lr=1e-2"]
+    # Validated every step (the best adapter is kept), the last step's adapter exported (the checks below want one
+    # that trained; the best may be the start's).
+    argv += ["--val", "shop.jsonl", "--val-every", "1", "--export-weights", "last", "agl.val_max_samples=4"]
     result = agl(*argv, cwd=workdir)
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr[-3000:]
@@ -259,6 +291,13 @@ def test_lora_rank_trains_an_adapter_the_engine_serves_and_merges_it_on_request(
     assert load_file(str(workdir / "exported-adapter" / "adapter_model.safetensors")).keys() == tensors.keys()
     refused = agl("export", "shoplora", "--dtype", "bfloat16", cwd=workdir)
     assert refused.returncode == 2 and "add --merge-adapter" in refused.stderr, refused.stderr
+    # The best validation's adapter, kept by the trainer, is what `agl export` takes by default.
+    best = json.loads((output / "best" / "best.json").read_text())
+    assert [step for step, _ in best["validations"]] == [0, 1, 2], best
+    assert agl("export", "shoplora", "--to", str(workdir / "best-adapter"), cwd=workdir).returncode == 0
+    chosen = load_file(str(workdir / "best-adapter" / "adapter_model.safetensors"))
+    kept = load_file(str(output / "best" / "adapter" / "adapter_model.safetensors"))
+    assert chosen.keys() == kept.keys() and all(torch.equal(chosen[k], kept[k]) for k in kept)
     assert processes_mentioning(str(workdir)) == [], "agl left processes running"
 
 
@@ -370,6 +409,8 @@ def _bad_inputs(workdir: Path) -> list[tuple[list[str], str]]:
         ([*data, *AGENT, "--config", "bad.yaml"], "unknown option(s) warp_speed"),
         ([*data], "say which agent to run"),
         ([*data, *AGENT, "--val-every", "5"], "--val-every scores the held-out tasks: give them with --val FILE"),
+        ([*data, *AGENT, "--export-weights", "best"], "--export-weights best takes the weights of the best held-out"),
+        ([*data, *AGENT, "--val", "shop.jsonl", "--val-every", "0", "--export-weights", "best"], "--val-every N > 0"),
         (["--data", "shop.jsonl", *AGENT, *ENV_MAP, "--tasks-per-step", "41"], "40 tasks, fewer than --tasks-per"),
         ([*data, *AGENT, "trainer.seed"], "neither an option nor a Hydra override"),
         ([*data, *AGENT, "--lora-alpha", "16"], "--lora-alpha applies to a LoRA run: give --lora-rank R"),

@@ -118,6 +118,15 @@ def test_config_rejects_what_cannot_work() -> None:
     # LoRA: an adapter only external engines are given; verl's replicas would serve the agents the base model.
     with pytest.raises(ConfigError, match=r"lora\.merge=true"):
         settings_from_config(_compose("agl.launch.agent_class=a:B", "actor_rollout_ref.model.lora_rank=8"))
+    # The best validation's weights: an absolute folder, and only with a periodic validation to pick them by.
+    with pytest.raises(ConfigError, match=r"agl\.best_dir='best': set an absolute folder"):
+        settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.best_dir=best"))
+    with pytest.raises(ConfigError, match=r"set data\.val_files and trainer\.test_freq > 0"):
+        settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.best_dir=/tmp/best", "trainer.test_freq=-1"))
+    kept = _compose(
+        "agl.launch.agent_class=a:B", "agl.best_dir=/tmp/best", "data.val_files=v.jsonl", "trainer.test_freq=5"
+    )
+    assert settings_from_config(kept).best_dir == "/tmp/best"
 
 
 def test_datasets_load_jsonl_and_parquet_in_memory(tmp_path: Path) -> None:

@@ -91,30 +91,65 @@ def check_env_map(env_map: Mapping[str, str], tasks: Sequence[Any], path: Path) 
             raise CliError(f"{path}:{number}: --env-map: {err}", USAGE) from None
 
 
-def check_model_dir(model: str) -> Path:
+def check_model_dir(model: str, flag: str = "--model") -> Path:
     """A directory transformers can load as a causal LM whose tokenizer has a chat template."""
     path = Path(model).expanduser()
     if not path.is_dir():
-        raise CliError(f"--model {model}: no such directory (a Hugging Face model folder, or 'tiny')", USAGE)
+        raise CliError(f"{flag} {model}: no such directory (a Hugging Face model folder, or 'tiny')", USAGE)
     if not (path / "config.json").is_file():
-        raise CliError(f"--model {model}: no config.json, not a Hugging Face model directory", USAGE)
+        raise CliError(f"{flag} {model}: no config.json, not a Hugging Face model directory", USAGE)
     try:
         config = json.loads((path / "config.json").read_text())
     except ValueError as err:
-        raise CliError(f"--model {model}: config.json is not valid JSON: {err}", USAGE) from None
+        raise CliError(f"{flag} {model}: config.json is not valid JSON: {err}", USAGE) from None
     architectures = config.get("architectures") or []
     if not any(str(name).endswith(("ForCausalLM", "LMHeadModel")) for name in architectures):
-        raise CliError(f"--model {model}: config.json names no causal LM architecture ({architectures})", USAGE)
+        raise CliError(f"{flag} {model}: config.json names no causal LM architecture ({architectures})", USAGE)
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
-        raise CliError(f"--model {model}: no weights (*.safetensors or *.bin)", USAGE)
+        raise CliError(f"{flag} {model}: no weights (*.safetensors or *.bin)", USAGE)
     template = _chat_template(path)
     if not template:
         raise CliError(
-            f"--model {model}: the tokenizer has no chat template; agents' chat calls need one "
+            f"{flag} {model}: the tokenizer has no chat template; agents' chat calls need one "
             "(set chat_template in tokenizer_config.json or add chat_template.jinja)",
             USAGE,
         )
     return path.resolve()
+
+
+# config.json keys that do not change what the weights compute or how they are laid out.
+_CONFIG_NOTES = ("torch_dtype", "dtype", "transformers_version", "_name_or_path", "use_cache")
+# The files that make the tokenizer and the chat template, compared byte for byte when either model has one.
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja",
+                    "chat_template.json", "special_tokens_map.json", "added_tokens.json")  # fmt: skip
+
+
+def check_same_family(model: Path, baseline: Path) -> None:
+    """`agl eval --baseline`: the baseline's weights are loaded into the engine serving `model`, so both must be
+    the same architecture (config.json, dtype aside) with the same tokenizer and chat template."""
+    configs = [json.loads((path / "config.json").read_text()) for path in (model, baseline)]
+    for key in sorted(set(configs[0]) | set(configs[1])):
+        if key not in _CONFIG_NOTES and configs[0].get(key) != configs[1].get(key):
+            raise CliError(
+                f"--baseline {baseline}: config.json's {key} is {configs[1].get(key)!r}, the model's "
+                f"{configs[0].get(key)!r}; the baseline is scored by loading its weights into the model's engine, "
+                "so it must be the same architecture and tokenizer (the model's base, or another checkpoint of it)",
+                USAGE,
+            )
+    for name in _TOKENIZER_FILES:
+        mine, theirs = model / name, baseline / name
+        if (mine.is_file() or theirs.is_file()) and (
+            not mine.is_file() or not theirs.is_file() or mine.read_bytes() != theirs.read_bytes()
+        ):
+            raise CliError(
+                f"--baseline {baseline}: its {name} differs from the model's: both are served with the model's "
+                "tokenizer and chat template, so they must be the same",
+                USAGE,
+            )
+    if _chat_template(model) != _chat_template(baseline):
+        raise CliError(f"--baseline {baseline}: its chat template differs from the model's", USAGE)
+    if not any(baseline.glob("*.safetensors")):
+        raise CliError(f"--baseline {baseline}: no *.safetensors weights (the engine reloads safetensors only)", USAGE)
 
 
 def _chat_template(path: Path) -> str:

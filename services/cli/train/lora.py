@@ -94,10 +94,11 @@ def newest_adapter(run_dir: Path) -> Path | None:
     return max(versions)[1] if versions else None
 
 
-def export_adapter(run_dir: Path, base: Path, target: Path) -> Path:
-    """The newest pushed adapter as target (a PEFT directory naming `base` as its base model)."""
-    source = newest_adapter(run_dir)
-    if source is None:
+def export_adapter(run_dir: Path, base: Path, target: Path, source: Path | None = None) -> Path:
+    """The newest pushed adapter (or `source`, the run's best) as target (a PEFT directory naming `base` as its
+    base model)."""
+    source = source or newest_adapter(run_dir)
+    if source is None or not source.is_dir():
         raise CliError(f"{run_dir}: no adapter to export (the run stopped before its first update)", USAGE)
     partial = target.with_name(f".{target.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)

@@ -25,6 +25,8 @@ TINY_MODEL = "tiny"
 RUNS_DIR = Path("agl-runs")
 PLACEMENTS = ("auto", "cpu", "gpu")
 EXPORT_DTYPES = ("trained", "float32", "bfloat16", "float16")
+# Which of a run's weights `agl export` writes (services/cli/train/export.py).
+WEIGHT_CHOICES = ("best", "last")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Learning rates that move a model without wrecking it: the ~1 M-parameter tiny model needs a large one.
@@ -123,6 +125,13 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     group.add_argument("--placement", choices=PLACEMENTS, default=None, help="auto: GPUs when present, else CPU")
     group.add_argument("--export-dtype", choices=EXPORT_DTYPES, default=None, help="dtype of the model written")
     group.add_argument(
+        "--export-weights",
+        choices=WEIGHT_CHOICES,
+        default=None,
+        help="which weights the run's model/ gets: best (the best held-out score's; the default with --val and "
+        "--val-every > 0) or last (the last step's; the default otherwise)",
+    )
+    group.add_argument(
         "--lora-rank",
         type=non_negative_int,
         default=None,
@@ -179,6 +188,12 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--data", type=Path, help="the tasks to score")
     p.add_argument("--model", default=None, help="a Hugging Face model directory (a run's model/ folder)")
+    p.add_argument(
+        "--baseline",
+        default=None,
+        help="a second model scored on the same tasks for a before/after comparison (the model's base: same "
+        "architecture and tokenizer; its weights are loaded into the same engine)",
+    )
     p.add_argument("--output", type=Path, help="where the per-task JSONL goes (agl-runs/eval-<time>)")
     p.add_argument("--concurrency", type=positive_int, default=None, help="rollouts at once (16)")
     _add_agent_options(p)
@@ -186,8 +201,14 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def add_export_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = sub.add_parser("export", help="write a run's latest weights as a Hugging Face model directory")
+    p = sub.add_parser("export", help="write a run's best (or last) weights as a Hugging Face model directory")
     p.add_argument("run", help="a run id (under agl-runs/) or a run's output folder")
+    p.add_argument(
+        "--weights",
+        choices=WEIGHT_CHOICES,
+        default=None,
+        help="best: the best validation's (the default when the run kept them); last: the last step's",
+    )
     p.add_argument("--to", type=Path, help="the directory to write (RUN/model; a LoRA run's adapter: RUN/adapter)")
     p.add_argument("--dtype", choices=EXPORT_DTYPES, default="trained", help="dtype of the weights written")
     p.add_argument(

@@ -101,6 +101,8 @@ class TrainPlan:
     preflight: bool = True
     # --report-to (reporting.py): the metrics also to these loggers.
     report_to: tuple[str, ...] = ()
+    # --export-weights: "best", "last", or None (the best when the run keeps one: export.choose_weights).
+    export_weights: str | None = None
 
 
 KNOWN = (
@@ -108,7 +110,7 @@ KNOWN = (
     "max_response_length", "model", "steps", "tasks_per_step", "group_size", "lr", "val_every", "save_every",
     "placement", "export_dtype", "output", "run_id", "resume", "allow_no_learning", "tool_call_parser", "lora_rank",
     "lora_alpha", "merge_adapter", "sft_data", "sft_steps", "sft_lr",
-    "report_to",
+    "report_to", "export_weights",
 )  # fmt: skip
 
 
@@ -159,6 +161,11 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         if "val_every" in args.given:
             raise CliError("--val-every scores the held-out tasks: give them with --val FILE", USAGE)
         args.val_every = 0
+    if args.export_weights == "best" and not int(args.val_every):
+        raise CliError(
+            "--export-weights best takes the weights of the best held-out score: give --val FILE and --val-every N > 0",
+            USAGE,
+        )
     lora_rank, lora_alpha = lora_settings(args, placement)
     if args.lr is not None:
         lr = float(args.lr)
@@ -201,6 +208,7 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         sft_examples=examples,
         supervised=supervised,
         report_to=report_to,
+        export_weights=args.export_weights,
     )
     return plan
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from services._gen.agl.v1 import run_pb2
+from services.trainer.best import ADAPTER
 
 from ..errors import FAILURE, USAGE, CliError
 from . import checks, collect, export, lora, options, preflight, prompt_fit, report, reporting, sft
@@ -108,6 +109,8 @@ def trainer_overrides(plan: TrainPlan, stack: Stack, model_path: Path) -> list[s
         # Every checkpoint of a real model is its size again (with the optimizer's state, three times it).
         "trainer.max_actor_ckpt_to_keep=2",
         f"trainer.default_local_dir={plan.output / 'checkpoints'}",
+        # The best validation's weights are kept beside the last step's; export takes them (export.py).
+        *([f"agl.best_dir={plan.output / export.BEST_DIR}"] if plan.val_every > 0 and plan.val_file else []),
     ]
     if plan.placement == "cpu":
         overrides.append(f"agl.engines.weights_dir={state / 'weights'}")
@@ -334,15 +337,21 @@ def train(plan: TrainPlan, out: TextIO = sys.stdout, *, base_model: Path | None 
             signal.signal(sig, handler)
     if code != 0:
         return code
+    # --export-weights, by default the best validation's when the run kept them (trainer/best.py), else the last.
+    choice = export.choose_weights(plan.output, plan.export_weights)
+    out.write(f"weights: {choice.describe()}\n")
     if plan.lora_rank:
-        adapter = lora.export_adapter(plan.output, model_path, plan.output / "adapter")
+        best_adapter = plan.output / export.BEST_DIR / ADAPTER if choice.which == "best" else None
+        adapter = lora.export_adapter(plan.output, model_path, plan.output / "adapter", source=best_adapter)
         merged = {}
         if plan.merge_adapter:
             merged_dir = lora.merge_adapter(
                 model_path, adapter, plan.output / "model", plan.export_dtype, export.MODEL_FILES
             )
             merged = {"model": str(merged_dir)}
-        write_run_file(plan, model_path, "succeeded", adapter=str(adapter), **merged, **figures)
+        write_run_file(
+            plan, model_path, "succeeded", adapter=str(adapter), exported_weights=choice.which, **merged, **figures
+        )
         out.write(
             f"adapter: {adapter} (PEFT: PeftModel.from_pretrained(base, '{adapter}'); serve it: vLLM --enable-lora "
             f"--lora-modules NAME={adapter} over the base model {model_path})\n"
@@ -350,8 +359,8 @@ def train(plan: TrainPlan, out: TextIO = sys.stdout, *, base_model: Path | None 
         if merged:
             out.write(f"model: {merged['model']} (the base model with the adapter merged in)\n")
     else:
-        model_dir = export.export_model(plan.output, plan.output / "model", dtype=plan.export_dtype)
-        write_run_file(plan, model_path, "succeeded", model=str(model_dir), **figures)
+        model_dir = export.export_model(plan.output, plan.output / "model", dtype=plan.export_dtype, which=choice.which)
+        write_run_file(plan, model_path, "succeeded", model=str(model_dir), exported_weights=choice.which, **figures)
         out.write(
             f"model: {model_dir} (transformers: AutoModelForCausalLM.from_pretrained('{model_dir}'); "
             f"serve it: agl-engine --model-dir {model_dir}; score it: agl eval --model {model_dir} ...)\n"
