@@ -1,4 +1,5 @@
-"""The retry policy of LedgerClient's unary calls and stream reconnects."""
+"""The one retry policy of AGL's clients: the ledger client's unary calls and stream reconnects, and the proxy's
+calls to its engines (services/proxy/upstream.py, which adds what HTTP answers are retried)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,30 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Capped exponential backoff with full jitter."""
+    """Capped exponential backoff with full jitter. attempts: tries in all, the first included."""
 
     attempts: int = 6
     initial_backoff_s: float = 0.05
     max_backoff_s: float = 2.0
     multiplier: float = 2.0
 
+    def backoff(self, retry: int, retry_after_s: float | None = None, rng: random.Random | None = None) -> float:
+        """Sleep before retry number `retry` (1-based): uniform under a ceiling that doubles from initial_backoff_s
+        up to max_backoff_s. A server's Retry-After raises it to at least that much, still under the cap."""
+        ceiling = min(self.initial_backoff_s * self.multiplier ** max(retry - 1, 0), self.max_backoff_s)
+        delay = (rng or random).uniform(0, ceiling)
+        if retry_after_s is not None and retry_after_s > 0:
+            delay = max(delay, min(retry_after_s, self.max_backoff_s))
+        return delay
+
     def delays(self) -> Iterator[float]:
         """Yields the sleep before each retry (attempts - 1 of them)."""
-        ceiling = self.initial_backoff_s
-        for _ in range(max(self.attempts - 1, 0)):
-            yield random.uniform(0, ceiling)
-            ceiling = min(ceiling * self.multiplier, self.max_backoff_s)
+        for retry in range(1, max(self.attempts, 1)):
+            yield self.backoff(retry)
 
     def reconnect_delay(self, failures: int) -> float:
-        """Sleep before re-opening a stream after `failures` consecutive failures."""
+        """Sleep before re-opening a stream after `failures` consecutive failures: at least half the ceiling, so
+        a stream that keeps failing does not reconnect in a tight loop."""
         ceiling = min(self.initial_backoff_s * self.multiplier ** max(failures - 1, 0), self.max_backoff_s)
         return random.uniform(ceiling / 2, ceiling)
 

@@ -16,7 +16,7 @@ import uuid
 
 from starlette.requests import Request
 
-from services.client import LedgerClient, LedgerError, backoff_s
+from services.client import LedgerClient, LedgerError, RetryPolicy, backoff_s
 
 from .auth import Authorizer
 from .background import stop_tasks
@@ -29,7 +29,6 @@ from .gateway import LedgerGateway
 from .metrics import ProxyMetrics
 from .model_routes import ModelRoutes
 from .readiness import Readiness
-from .retry import RetryPolicy
 from .rewrite import RewriteSettings
 from .token_continuation import TokenContinuation
 from .upstream import Upstream

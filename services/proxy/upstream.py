@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import httpx
 
+from services.client.retry import RetryPolicy
 from services.printable import printable
 
 from .engine_pool import EnginePool
 from .errors import ProxyError
-from .retry import RetryPolicy, parse_retry_after
+from .retry import parse_retry_after, retryable_status
 from .routing import Endpoint
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ class Upstream:
                 status = response.status_code
                 if not (stream and status < 300):
                     await response.aread()
-                if status < 400 or last or not self.policy.retryable_status(status):
+                if status < 400 or last or not retryable_status(status):
                     return UpstreamResult(endpoint, retries, response=response)
                 retry_after = parse_retry_after(response.headers.get("retry-after"))
                 what = f"HTTP {status}"

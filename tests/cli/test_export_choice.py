@@ -49,7 +49,7 @@ def test_a_run_without_validation_exports_its_last_and_refuses_best_by_name(tmp_
     run = run_folder(tmp_path, [])
     choice = choose_weights(run, None)
     assert choice.which == "last" and "kept no best: it had no periodic validation" in choice.describe()
-    with pytest.raises(CliError, match="--weights best: run run kept no best weights .* --val FILE and --val-every"):
+    with pytest.raises(CliError, match=r"--weights best: run run kept no best weights .* --val FILE and --val-every"):
         choose_weights(run, "best")
 
 
@@ -66,17 +66,17 @@ def model_dir(path: Path, **config: object) -> Path:
 def test_a_baseline_must_share_the_models_architecture_and_tokenizer(tmp_path: Path) -> None:
     model = model_dir(tmp_path / "model")
     check_same_family(model, model_dir(tmp_path / "bf16", torch_dtype="bfloat16"))  # dtype aside: the same
-    with pytest.raises(CliError, match="config.json's hidden_size is 256, the model's 128"):
+    with pytest.raises(CliError, match=r"config\.json's hidden_size is 256, the model's 128"):
         check_same_family(model, model_dir(tmp_path / "wider", hidden_size=256))
     other = model_dir(tmp_path / "other")
     (other / "tokenizer.json").write_text('{"model": "unigram"}')
-    with pytest.raises(CliError, match="its tokenizer.json differs from the model's"):
+    with pytest.raises(CliError, match=r"its tokenizer\.json differs from the model's"):
         check_same_family(model, other)
     templated = model_dir(tmp_path / "templated")
     (templated / "chat_template.jinja").write_text("{{ other }}")
-    with pytest.raises(CliError, match="chat_template.jinja differs"):
+    with pytest.raises(CliError, match=r"chat_template\.jinja differs"):
         check_same_family(model, templated)
     binary = model_dir(tmp_path / "binary")
     (binary / "model.safetensors").unlink()
-    with pytest.raises(CliError, match="no \\*.safetensors weights"):
+    with pytest.raises(CliError, match=r"no \*\.safetensors weights"):
         check_same_family(model, binary)

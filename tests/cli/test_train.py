@@ -251,10 +251,10 @@ def test_lora_rank_trains_an_adapter_the_engine_serves_and_merges_it_on_request(
     from transformers import AutoModelForCausalLM
 
     argv = ["train", *AGENT, "--data", "shop.jsonl", *ENV_MAP, *SMALL, "--steps", "2", "--run-id", "shoplora"]
-    argv += ["--lora-rank", "8", "--merge-adapter", "actor_rollout_ref.actor.optim.lr=1e-2"]
     # Validated every step (the best adapter is kept), the last step's adapter exported (the checks below want one
     # that trained; the best may be the start's).
-    argv += ["--val", "shop.jsonl", "--val-every", "1", "--export-weights", "last", "agl.val_max_samples=4"]
+    argv += ["--lora-rank", "8", "--merge-adapter", "--val", "shop.jsonl", "--val-every", "1"]
+    argv += ["--export-weights", "last", "actor_rollout_ref.actor.optim.lr=1e-2", "agl.val_max_samples=4"]
     result = agl(*argv, cwd=workdir)
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr[-3000:]

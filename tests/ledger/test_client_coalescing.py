@@ -280,7 +280,9 @@ async def test_the_call_timeout_bounds_the_wait_in_the_queue_too(tmp_path: Path,
     """One append in flight to a stopped ledger, a second queued behind it: both fail with DEADLINE_EXCEEDED after
     one call timeout (not two), and the queued one, never sent, is not stored."""
     with start_ledger(log_dir=tmp_path) as led:
-        async with LedgerClient(led.address, call_timeout_s=0.6) as client:
+        # Two timeouts would take 4 s: the bound below leaves 1.6 s for a loaded machine's scheduling (with a 0.6 s
+        # timeout and a 1.1 s bound, it failed at a load average of 14 on 2 cores).
+        async with LedgerClient(led.address, call_timeout_s=2.0) as client:
             rid = f"{uid}-r"
             await _running(client, rid)
             await client.append_events([reward(rid, 0.0)])
@@ -295,7 +297,7 @@ async def test_the_call_timeout_bounds_the_wait_in_the_queue_too(tmp_path: Path,
                 results = await asyncio.gather(in_flight, queued, return_exceptions=True)
                 elapsed = time.monotonic() - started
                 assert [r.code() for r in results] == [grpc.StatusCode.DEADLINE_EXCEEDED] * 2  # type: ignore[union-attr]
-                assert 0.5 < elapsed < 1.1  # one timeout for both, the queued wait included
+                assert 1.9 < elapsed < 3.6, elapsed  # one timeout for both, the queued wait included
             finally:
                 led.proc.send_signal(signal.SIGCONT)
             reply = await client.append_events([reward(rid, 2.0)])

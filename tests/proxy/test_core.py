@@ -8,12 +8,12 @@ import random
 import pytest
 
 from services._gen.agl.v1 import event_pb2
-from services.client import agent_token
+from services.client import RetryPolicy, agent_token
 from services.proxy.auth import Authorizer, presented_key
 from services.proxy.capture import StreamAssembler, capture_response
 from services.proxy.errors import ERROR_TABLE, ProxyError, ledger_error
 from services.proxy.recording import agent_event
-from services.proxy.retry import RetryPolicy, parse_retry_after
+from services.proxy.retry import parse_retry_after, retryable_status
 from services.proxy.rewrite import CHAT, COMPLETIONS, RewriteSettings, parse_body, rewrite, validate
 from services.proxy.routing import Endpoint, RoutingTable
 from services.proxy.sse import DONE, SSESplitter
@@ -255,9 +255,8 @@ def test_routing_with_no_endpoint_is_empty() -> None:
 
 
 def test_retryable_statuses() -> None:
-    policy = RetryPolicy()
-    assert all(policy.retryable_status(s) for s in (408, 409, 429, 500, 502, 503, 504))
-    assert not any(policy.retryable_status(s) for s in (400, 401, 404, 413, 422))
+    assert all(retryable_status(s) for s in (408, 409, 429, 500, 502, 503, 504))
+    assert not any(retryable_status(s) for s in (400, 401, 404, 413, 422))
 
 
 def test_backoff_is_jittered_capped_and_honours_retry_after() -> None:

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from services.client import RetryPolicy
 from services.proxy.engine_pool import EnginePool
-from services.proxy.retry import RetryPolicy
 from services.proxy.routing import Endpoint
 from services.proxy.upstream import Upstream
 
