@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 
 from services._gen.agl.v1 import ledger_service_pb2, model_pb2, proxy_control_pb2, rollout_pb2
 
+from .entry import Entry
 from .errors import InvalidArgument, OutOfRange
 from .hub import RolloutFilter
-from .ledger import Entry, Ledger
+from .ledger import Ledger
 from .paging import page_size
 
 SNAPSHOT = ledger_service_pb2.ROLLOUT_CHANGE_TYPE_SNAPSHOT

@@ -31,6 +31,7 @@ from services.printable import printable
 
 from . import attempts, states
 from .controller_leases import ControllerLeases
+from .entry import Entry
 from .errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from .hub import Change, RolloutFilter, RolloutHub
 from .model_registry import ModelRegistry
@@ -57,27 +58,6 @@ META_REVISION = "revision"
 META_TERMINAL_CURSOR = "terminal_cursor"
 META_MODELS_REVISION = "models_revision"
 META_PROXY_CONTROL = "proxy_control"
-
-
-class Entry:
-    """One stored rollout plus its indexes. `rollout` is replaced, never mutated, when it changes."""
-
-    __slots__ = (
-        "event_bytes", "event_ids", "lsn", "next_seq", "ordinal", "past_attempts", "quota_logged", "rollout",
-        "terminal_cursor",
-    )  # fmt: skip
-
-    def __init__(self, rollout: rollout_pb2.Rollout, ordinal: int, terminal_cursor: int | None = None) -> None:
-        self.rollout = rollout
-        self.ordinal = ordinal  # creation order, for paging
-        self.terminal_cursor = terminal_cursor
-        self.next_seq = 1  # so the rollout holds next_seq - 1 events
-        self.event_bytes = 0  # bytes of its events as stored (quotas.py)
-        self.quota_logged = False  # its first refusal over a limit is logged, not every one
-        self.event_ids: dict[str, tuple[int, str]] | None = None  # event_id -> (sequence, attempt_id)
-        self.lsn = 0  # store write of the last change
-        # Attempts the rollout had before its current one (set while this ledger ran): late events may name them.
-        self.past_attempts: set[str] | None = None
 
 
 def _within(rows: list[Any], size: int, max_bytes: int, length: Callable[[Any], int]) -> int:

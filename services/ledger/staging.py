@@ -13,18 +13,16 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from services._gen.agl.v1 import event_pb2
 from services.printable import printable
 
 from . import attempts
+from .entry import Entry
 from .quotas import EventQuotas
 from .store import PUT_EVENT, Op
 from .triplet import split
-
-if TYPE_CHECKING:
-    from .ledger import Entry
 
 log = logging.getLogger(__name__)
 

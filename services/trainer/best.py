@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from services.atomic_files import replace_dir
+
 log = logging.getLogger(__name__)
 
 METRIC = "val/agl/reward_mean"
@@ -79,12 +81,7 @@ def _write_folder(folder: Path, best: Best, files: Sequence[Path], adapter: Path
         for source in sorted(p for p in adapter.iterdir() if p.is_file()):
             _link_or_copy(source, partial / ADAPTER / source.name)
     (partial / RECORD).write_text(_record_text(best))
-    old = folder.with_name(f".{folder.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if folder.exists():
-        os.replace(folder, old)
-    os.replace(partial, folder)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir(partial, folder)
 
 
 class BestWeights:

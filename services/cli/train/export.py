@@ -10,15 +10,16 @@ in unless asked otherwise. Loadable by transformers, servable by agl-engine/vLLM
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.atomic_files import replace_dir
 from services.trainer.best import ADAPTER, Best, read_best
 
 from ..errors import USAGE, CliError
+from . import lora
 from .options import WEIGHT_CHOICES
 
 WEIGHTS = Path("state") / "weights" / "model.safetensors"
@@ -150,18 +151,6 @@ def export_model(run_dir: Path, target: Path, *, dtype: str = "trained", which: 
     return target
 
 
-def replace_dir(partial: Path, target: Path) -> None:
-    """partial (written whole) becomes target, whose old contents go: a reader sees one or the other, never a mix."""
-    if target.exists():
-        old = target.with_name(f".{target.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(target, old)
-        os.replace(partial, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(partial, target)
-
-
 def resolve_run(run: str) -> Path:
     from .options import RUNS_DIR
 
@@ -189,8 +178,6 @@ def export_run(
     """A run's model (RUN/model); a LoRA run's adapter (RUN/adapter), and with merge_adapter the base model with
     it merged in (RUN/model). weights: "best", "last", None (the best when kept). The folder written last (the
     merged model, else the adapter or the model)."""
-    from . import lora
-
     run_dir = resolve_run(run)
     choice = choose_weights(run_dir, weights)
     say(f"weights: {choice.describe()}")

@@ -17,8 +17,9 @@ import shutil
 import struct
 from pathlib import Path
 
+from services.atomic_files import replace_dir
+
 from ..errors import USAGE, CliError
-from .export import replace_dir
 
 BASE_SUFFIX = "-base"
 ADAPTERS = Path("state") / "weights"
