@@ -119,6 +119,12 @@ def train(*, overrides: Sequence[str] = (), out: TextIO | None = None, **options
     from services.cli.train.session import METRICS_FILE
     from services.cli.train.session import train as run_plan
 
+    if options.get("detach"):
+        raise AglError(
+            "detach: agl train --detach runs the command in the background; from Python, call train() in a thread or "
+            "process of your own",
+            USAGE,
+        )
     args = _run(lambda: _parse(train_options.add_train_parser, options, overrides))
     plan = _run(lambda: plan_from_args(args))
     code = _run(lambda: run_plan(plan, out or sys.stdout))

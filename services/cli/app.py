@@ -61,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if getattr(args, "local_handler", None) is not None:  # starts its own services: no --ledger client
             return args.local_handler(args)
+        if getattr(args, "local", False):  # agl runs --local: the run folders, no ledger
+            return local.local_runs(args)
         if getattr(args, "from_dir", None):
             return from_stored(args)
         return asyncio.run(run(args))

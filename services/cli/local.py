@@ -21,6 +21,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("run", help="the run's folder (agl-runs/RUN, demo-output) or its run id")
     p.set_defaults(local_handler=_open)
+    p = sub.add_parser("logs", help="the output of a run started with agl train --detach (-f: follow it)")
+    p.add_argument("run", help="the run's id (under agl-runs/) or its folder")
+    p.add_argument("-f", "--follow", action="store_true", help="go on printing until the run ends (Ctrl-C stops)")
+    p.set_defaults(local_handler=_logs)
+    p = sub.add_parser("stop", help="stop a running agl train as Ctrl-C would (it can be resumed)")
+    p.add_argument("run", help="the run's id (under agl-runs/) or its folder")
+    p.set_defaults(local_handler=_stop)
 
 
 # The heavy modules (torch, the deploy stack) load only when a command runs: `agl rollouts` stays fast.
@@ -74,3 +81,27 @@ def _open(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from .train.background import logs_command
+
+    return logs_command(args.run, args.follow)
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from .train.background import stop_command
+
+    return stop_command(args.run)
+
+
+def local_runs(args: argparse.Namespace) -> int:
+    """`agl runs --local`: the runs under agl-runs/, from their folders (no ledger)."""
+    from .errors import USAGE, CliError
+    from .train.background import runs_command
+
+    if args.from_dir or args.state or args.label or args.json:
+        raise CliError(
+            "--local lists the run folders under agl-runs/: it takes none of --from, --state, --label, --json", USAGE
+        )
+    return runs_command()

@@ -32,6 +32,11 @@ HEALTH_STEPS = 10
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="list training runs")
     add_from_option(p)
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="the runs of agl train under agl-runs/ here, from their folders: state, last step, whether running",
+    )
     p.add_argument("--state", action="append", default=[], choices=sorted(render.RUN_STATES))
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--json", action="store_true")

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 TOKEN_VARIABLE = "AGL_TRAINER_FATE_TOKEN"
@@ -118,15 +118,19 @@ def still_running(recorded: Mapping[int, int], proc: Path = Path("/proc")) -> di
 
 
 def kill_all(
-    token: str, quiet_s: float = QUIET_S, sweep_s: float = SWEEP_S, recorded: Mapping[int, int] | None = None
+    token: str,
+    quiet_s: float = QUIET_S,
+    sweep_s: float = SWEEP_S,
+    recorded: Mapping[int, int] | None = None,
+    spare: Collection[int] = (),
 ) -> int:
     """SIGKILL to every process of the cluster (the token's, their descendants, and those `recorded` earlier that
-    still run), until none has been seen for `quiet_s`; how many were killed."""
+    still run) but `spare`, until none has been seen for `quiet_s`; how many were killed."""
     killed: set[int] = set()
     started = last_seen = time.monotonic()
     while time.monotonic() - last_seen < quiet_s and time.monotonic() - started < sweep_s:
         pids = set(cluster(token)) | set(still_running(recorded or {}))
-        pids.discard(os.getpid())
+        pids -= {os.getpid(), *spare}
         if pids:
             last_seen = time.monotonic()
         for pid in pids:
@@ -146,6 +150,15 @@ def mark() -> str:
     token = os.environ.get(TOKEN_VARIABLE) or uuid.uuid4().hex
     os.environ[TOKEN_VARIABLE] = token
     return token
+
+
+def kill_failed_start(watchdog: int | None) -> int:
+    """Kills what a ray.init that failed left running (its GCS, its raylet: the driver's token, or children), the
+    watchdog spared, so that the next try starts clean; 0 where the driver shares no fate."""
+    token = os.environ.get(TOKEN_VARIABLE)
+    if not token or not _HELD:
+        return 0
+    return kill_all(token, spare=() if watchdog is None else (watchdog,))
 
 
 def kill_cluster() -> int:

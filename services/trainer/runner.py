@@ -11,6 +11,7 @@ the actor.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any
@@ -20,7 +21,7 @@ from omegaconf import OmegaConf, open_dict
 
 from . import interruption
 from .config import ConfigError, TrainerSettings, settings_from_config
-from .fate import share_fate
+from .fate import kill_failed_start, share_fate
 from .preflight import check_config
 from .ray_env import cpu_env, ray_init_kwargs, set_run_switches
 
@@ -36,10 +37,33 @@ class AglTaskRunner:
         TaskRunner().run(config)
 
 
-def launch(config: Any) -> None:
+# Ray waits a fixed 30 s for its new node to register with its GCS, and a loaded machine can take longer (seen at
+# load averages of 15-22 on 2 cores: "The current node timed out during startup"; the same command then worked).
+RAY_START_TRIES = 3
+_NODE_TIMEOUT = "timed out during startup"
+
+
+def start_ray(kwargs: dict[str, Any], watchdog: int | None = None) -> None:
+    """ray.init, tried again when its node did not register in time; what the failed try started is killed first
+    (the fate watchdog spared)."""
+    for attempt in range(1, RAY_START_TRIES + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as err:
+            if _NODE_TIMEOUT not in str(err) or attempt == RAY_START_TRIES:
+                raise
+            log.warning("Ray's node did not start within Ray's 30 s (%s): starting it again (try %d of %d)",
+                        err, attempt + 1, RAY_START_TRIES)  # fmt: skip
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            kill_failed_start(watchdog)
+
+
+def launch(config: Any, watchdog: int | None = None) -> None:
     """verl's run_ppo with AglTaskRunner: ray.init (unless joined already), then the task runner's run."""
     if not ray.is_initialized():
-        ray.init(**ray_init_kwargs(config))
+        start_ray(ray_init_kwargs(config), watchdog)
     runner = AglTaskRunner.remote()
     profiler = config.global_profiler
     if profiler.tool == "nsys" and profiler.get("steps") and str(config.trainer.get("device", "cuda")) != "cpu":
@@ -171,12 +195,14 @@ def run(config: Any) -> None:
     set_run_switches(config)
     checkpoints = config.trainer.default_local_dir
     interruption.on_signals(settings, checkpoints)
+    watchdog = None
     if joining:
         join_cluster(config)
     else:
         # The cluster ray.init starts is this driver's: it goes when the driver goes (services/trainer/fate.py).
-        share_fate()
+        started = share_fate()
+        watchdog = started.pid if started is not None else None
     # ray.init sets its own SIGTERM handler (sys.exit, which Ray's ray.get turns into a SystemError and a stack
     # dump): ours go back in once it has run, whether joining above or in launch().
     with interruption.after_ray_init(settings, checkpoints):
-        launch(config)
+        launch(config, watchdog)

@@ -307,38 +307,46 @@ def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
     )
 
 
-def _interrupt_after(proc: subprocess.Popen[str], marker: str, signum: int) -> tuple[str, str]:
-    assert proc.stdout is not None
-    seen = []
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if line.startswith(marker):
-            proc.send_signal(signum)
-            break
-    out, err = proc.communicate(timeout=120)
-    return "".join(seen) + out, err
-
-
-def test_sigterm_stops_the_run_and_resume_continues_it_to_the_end(workdir: Path) -> None:
-    """SIGTERM (what `timeout`, systemd and Kubernetes send); Ctrl-C takes the same handler (raise_on_signals, both
-    signals tested in test_signals.py) and is run end to end by agl try's Ctrl-C test."""
+def test_a_detached_run_is_listed_followed_stopped_and_resumed_to_the_end(workdir: Path) -> None:
+    """agl train --detach, then what a user does with it: agl runs --local, agl logs -f, agl stop (SIGTERM to the run's
+    process group, what `timeout`, systemd and Kubernetes send; Ctrl-C takes the same handler, both signals tested in
+    test_signals.py and run end to end by agl try's Ctrl-C test), and --resume in the foreground."""
     argv = ["train", *AGENT, "--data", "shop.jsonl", *ENV_MAP, *SMALL, "--steps", "3", "--save-every", "1"]
     argv += ["--run-id", "shop2"]
     output = workdir / "agl-runs" / "shop2"
 
-    proc = _start(argv, workdir)
-    out, err = _interrupt_after(proc, "step   1/3", signal.SIGTERM)
-    assert proc.returncode == 128 + signal.SIGTERM, out + err
-    assert "Traceback" not in out + err, out + err
-    assert "interrupted by SIGTERM after step 1" in out
+    started = agl(*argv, "--detach", cwd=workdir, timeout=120)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "run shop2 started in the background (pid " in started.stdout and "agl logs shop2 -f" in started.stdout
+    deadline = time.monotonic() + 300
+    listed = ""
+    while time.monotonic() < deadline and not re.search(r"^shop2\s+running\s", listed, re.MULTILINE):
+        time.sleep(1)
+        listed = agl("runs", "--local", cwd=workdir, timeout=60).stdout
+    assert re.search(r"^shop2\s+running\s", listed, re.MULTILINE), listed
+
+    follow = _start(["logs", "shop2", "-f"], workdir)
+    assert follow.stdout is not None
+    seen = []
+    while not seen or not seen[-1].startswith("step   1/3"):
+        line = follow.stdout.readline()
+        assert line, "".join(seen)
+        seen.append(line)
+    stopped = agl("stop", "shop2", cwd=workdir, timeout=300)
+    said = re.search(r"run shop2 stopped after step (\d) \(state: interrupted\); continue it: ", stopped.stdout)
+    assert stopped.returncode == 0 and said, stopped.stdout + stopped.stderr
+    step = int(said[1])  # 1, or 2 if the next step ended between the line and the signal
+    rest, _ = follow.communicate(timeout=60)  # -f ends with the run
+    log = "".join(seen) + rest
+    assert follow.returncode == 0 and f"interrupted by SIGTERM after step {step}" in log, log[-3000:]
+    assert "Traceback" not in log, log
     assert json.loads((output / "run.json").read_text())["state"] == "interrupted"
     stored = asyncio.run(_ledger_run(output, "shop2"))
     assert stored.state == run_pb2.RUN_STATE_FAILED and "interrupted by SIGTERM" in stored.error_message
     assert processes_mentioning(str(workdir)) == []
+    assert re.search(rf"^shop2\s+interrupted\s+{step}\s", agl("runs", "--local", cwd=workdir).stdout, re.MULTILINE)
+    again = agl("stop", "shop2", cwd=workdir, timeout=60)
+    assert again.returncode == 1 and "run shop2 is not running (state: interrupted)" in again.stdout
 
     again = agl(*argv, cwd=workdir, timeout=60)
     assert again.returncode == 2 and "already exists" in again.stderr and "--resume" in again.stderr
@@ -346,9 +354,9 @@ def test_sigterm_stops_the_run_and_resume_continues_it_to_the_end(workdir: Path)
     final = agl(*argv, "--resume", cwd=workdir)
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-2000:]
     assert "resuming" in final.stdout and "pre-flight" not in final.stdout
-    # It went on from the checkpoint of step 1: step 1 was not trained again.
-    firsts = [line for line in final.stdout.splitlines() if line.startswith("step   1/3")]
-    assert firsts == ["step   1/3  (resumed from the checkpoint of step 1)"], final.stdout
+    # It went on from the checkpoint of the step it stopped after: that step was not trained again.
+    firsts = [line for line in final.stdout.splitlines() if line.startswith(f"step   {step}/3")]
+    assert firsts == [f"step   {step}/3  (resumed from the checkpoint of step {step})"], final.stdout
     assert "step   3/3  reward " in final.stdout
     steps = [json.loads(line)["step"] for line in (output / "metrics.jsonl").read_text().splitlines()]
     assert [s for s in steps if s > 0][-1] == 3 and sorted(set(steps)) == [0, 1, 2, 3]

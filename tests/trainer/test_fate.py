@@ -165,3 +165,27 @@ def test_what_is_left_is_stopped_and_only_a_dead_drivers_cluster_is_reported(how
     assert _wait_gone([lingerer, watchdog]) == []
     lines = [line.removeprefix("agl-trainer: ") for line in err.splitlines() if line.startswith("agl-trainer:")]
     assert [line.split(" of its")[0] for line in lines] == said, err
+
+
+# A driver whose ray.init failed: what that try started (a GCS, a raylet) is killed before the next try, and the
+# watchdog, the driver's child too, is spared (its pipe is the driver's fate).
+FAILED_START_DRIVER = """
+import subprocess, sys, time
+from services.trainer.fate import kill_failed_start, share_fate
+watchdog = share_fate()
+gcs = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+time.sleep(0.5)
+killed = kill_failed_start(watchdog.pid)
+gcs.wait(timeout=10)
+print(killed, gcs.returncode, watchdog.poll(), flush=True)
+"""
+
+
+def test_a_failed_starts_leftovers_are_killed_and_the_watchdog_spared() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    done = subprocess.run(
+        [sys.executable, "-c", FAILED_START_DRIVER], capture_output=True, text=True, env=env, cwd=repo, timeout=60
+    )
+    killed, gcs_code, watchdog_code = done.stdout.split()
+    assert (killed, gcs_code, watchdog_code) == ("1", str(-signal.SIGKILL), "None"), done.stdout + done.stderr

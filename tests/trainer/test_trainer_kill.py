@@ -16,6 +16,7 @@ import json
 import re
 import signal
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -120,7 +121,8 @@ def test_kill_9_at_three_points_of_a_step_then_the_same_command_finishes_the_run
 def test_ctrl_c_and_sigterm_stop_the_trainer_at_once_with_one_line_and_no_pause_left(
     stack: Stack, cpu_engine: Engine, tmp_path: Path
 ) -> None:
-    run_id = "stopped"
+    # A run of its own each time, so the test can be repeated on the module's stack (20 rounds: issue 48).
+    run_id = f"stopped-{uuid.uuid4().hex[:6]}"
     cpu_engine.restore_base_weights()
     tasks = write_tasks(tmp_path / "tasks.jsonl", ["parity"] * (2 * STEPS))
     out = stack.root / run_id

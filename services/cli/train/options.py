@@ -96,6 +96,11 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     )
     p.add_argument("--data", type=Path, help="training tasks: JSONL (one JSON object per line), JSON or parquet")
     p.add_argument("--val", type=Path, help="held-out tasks, scored greedily every --val-every steps")
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="run in the background after the checks (output in RUN/train.log; agl logs RUN -f, agl stop RUN)",
+    )
     _add_agent_options(p)
     group = p.add_argument_group("the model and the run")
     group.add_argument("--model", default=None, help="a Hugging Face model directory, or 'tiny' (the default)")

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import USAGE, CliError
 from . import checks, learning_rate, options, reporting, sft
+from .process_id import this_process
 from .stack import CHECKOUT
 
 RUN_FILE = "run.json"
@@ -287,6 +288,8 @@ def write_run_file(plan: TrainPlan, base_model: Path, state: str, **extra: Any) 
         "env_map": plan.env_map,
         "lora_rank": plan.lora_rank,
         "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        # The process running the run, while it runs (agl runs --local, agl stop: background.py).
+        **(this_process() if state == "running" else {}),
         **extra,
     }
     (plan.output / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")

@@ -26,7 +26,7 @@ from services._gen.agl.v1 import run_pb2
 from services.trainer.best import ADAPTER
 
 from ..errors import FAILURE, USAGE, CliError
-from . import checks, collect, export, lora, options, preflight, prompt_fit, report, reporting, sft
+from . import background, checks, collect, export, lora, options, preflight, prompt_fit, report, reporting, sft
 from .plan import TrainPlan, plan_from_args, unfinished_runs_like, write_run_file
 from .signals import Interrupted, raise_on_signals, run_async
 from .stack import CHECKOUT, Stack, check_services, child_environment, running_stack, while_services_run
@@ -508,6 +508,8 @@ def run_train_command(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
     multi = "s" if len(plan.tasks) != 1 else ""
     print(f"checks passed in {plan.checks_s:.1f}s: {len(plan.tasks)} task{multi}, output {plan.output}")
+    if args.detach:  # the same command in a session of its own; the checks above are its first lines here
+        return background.detach(sys.argv[1:], plan.run_id, plan.output, sys.stdout)
     if not plan.resume and not args.run_id:
         for run_id, step in unfinished_runs_like(plan, options.RUNS_DIR):
             print(f"note: run {run_id} of this agent and data was interrupted after step {step}; this is a new run "
