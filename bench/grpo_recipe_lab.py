@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import time
@@ -105,10 +106,25 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--no-std", action="store_true", help="advantages not divided by the group std")
     parser.add_argument("--weight-decay", type=float, default=0.01, help="verl's actor default")
+    parser.add_argument("--warmup-steps", type=int, default=0, help="linear lr warm-up, in updates (the demo: 10)")
+    parser.add_argument(
+        "--lr-schedule", choices=("constant", "cosine"), default="constant", help="after the warm-up (verl's names)"
+    )
+    parser.add_argument("--min-lr-ratio", type=float, default=0.0, help="cosine: the last update's lr over --lr")
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--models-dir", type=Path, default=REPO / "data" / "lab-models")
     return parser.parse_args(argv)
+
+
+def lr_factor(args: argparse.Namespace, done: int) -> float:
+    """The lr after `done` steps, over --lr: linear warm-up, then constant or a half cosine to --min-lr-ratio."""
+    if done < args.warmup_steps:
+        return (done + 1) / args.warmup_steps
+    if args.lr_schedule == "constant":
+        return 1.0
+    progress = min(1.0, (done - args.warmup_steps) / max(1, args.steps - args.warmup_steps))
+    return args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def warm_model(args: argparse.Namespace, train: Sequence[dict[str, Any]]) -> Path:
@@ -138,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     train_prompts, val_prompts = encode_prompts(tokenizer, train), encode_prompts(tokenizer, val)
     probe = min(128, len(train))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: lr_factor(args, done))
 
     def report(step: int, rewards: list[float]) -> None:
         line: dict[str, Any] = {
@@ -177,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+        schedule.step()  # by step, as verl's scheduler (one update per step there)
         if step % args.eval_every == 0:
             report(step, recent)
             recent = []
