@@ -11,9 +11,8 @@ Concurrent `append_events` calls are coalesced into shared AppendEvents requests
 caller still gets its own answer or its own error. The requests travel over one long-lived StreamAppendEvents
 call (see append_stream), which costs about half of what a unary call does.
 
-Past 400 lines: one short typed method per RPC of LedgerService (runs' methods are mixed in from runs.py), and
-the plumbing they share (the channel, the retry policy, the append path); split further, each part would only
-forward to that plumbing.
+One short typed method per RPC of LedgerService (runs' methods are mixed in from runs.py), and the plumbing they
+share: the channel, the retry policy, the append path.
 """
 
 from __future__ import annotations

@@ -5,9 +5,8 @@ locks: each one validates everything, changes memory and hands the change to the
 step, then awaits durability before returning (a write is acknowledged only once durable). Watches are fed
 synchronously at change time and deliver a change only after it is durable.
 
-One module past 400 lines: every operation validates, changes the shared in-memory maps and hands the change to
-the store in one synchronous step (that is what makes it atomic without locks); split, each part would reach into
-the others' maps.
+Every operation validates, changes the shared in-memory maps and hands the change to the store in one synchronous
+step: that is what makes it atomic without locks, and why the operations share this module.
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@ Requests arrive as bytes and are parsed here so that a malformed message is INVA
 bad input. Domain errors become status codes through `STATUS_BY_ERROR`, the one table, applied by the `rpc`
 decorator to unary and streaming methods alike.
 
-Past 400 lines: one short method per RPC of LedgerService, each unpack, call, pack; the streaming ones add their
-flow control.
+One short method per RPC of LedgerService, each unpack, call, pack; the streaming ones add their flow control.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ form followed by the rest, at the wire level (no parsing into messages). Parsing
 it in place of the event, with the length of the triplet form: the view costs no memory. Reading the view
 (`view`) then only slices stored bytes and compares prompt bytes.
 
-Past 400 lines: `split` and `view` are the two halves of one wire-level encoding and must agree field by field,
-so they stay side by side.
+`split` and `view` are the two halves of one wire-level encoding and must agree field by field, so they stay side
+by side.
 """
 
 from __future__ import annotations

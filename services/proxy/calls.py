@@ -4,8 +4,8 @@ The model_request event is appended and acknowledged before the agent gets the a
 final [DONE]), so a reward posted afterwards is always ordered after the calls it rewards. If it cannot be
 recorded the agent gets an error instead of the answer: a call is never silently unrecorded.
 
-Past 400 lines: the steps of one call (retries, capture, the event being built, the answer) share that call's
-state from check to answer, streamed and not.
+The steps of one call (retries, capture, the event being built, the answer) share that call's state from check to
+answer, streamed and not.
 """
 
 from __future__ import annotations

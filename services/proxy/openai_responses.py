@@ -13,8 +13,8 @@ continues a response of the same rollout attempt, found in the ledger (responses
 `conversation` are refused with a 400 naming them (nothing runs past its request; no conversation outlives a
 rollout).
 
-Past 400 lines: the translation both ways (request in, answer out, streamed and not) must agree item by item,
-so it stays in one module.
+The translation both ways (request in, answer out, streamed and not) must agree item by item, so both directions
+are here.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ inspection, older ones are deleted (services/trainer/retention.py). All ledger t
 services.client.LedgerClient. A resumed trainer's manager first goes back to the state saved with its checkpoint
 (services/trainer/rewind.py).
 
-Over 400 lines: the group bookkeeping, the enqueue, the wait and the consume share one state and its write-ahead
-order; the pure parts (specs, state file, feed, retention, triplets, rewind) are modules of their own.
+The group bookkeeping, the enqueue, the wait and the consume share one state and its write-ahead order, so
+they live together; the pure parts (specs, state file, feed, retention, triplets, rewind) are modules of their own.
 """
 
 from __future__ import annotations

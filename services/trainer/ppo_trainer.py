@@ -14,8 +14,8 @@ update on aligned mini-batches, skipped when no row carries an advantage -> weig
 proxies -> metrics -> checkpoint (after the step is on record: services/trainer/README.md, "Stops and restarts").
 A stop reports the step's metrics, marks the run FAILED with its line and ends the job.
 
-Over 400 lines because it is verl's trainer subclassed: the step's order lives in one place, and each decision in it
-is a call into one of the small modules above.
+It is verl's trainer subclassed: the step's order lives here in one place, and each decision in it is a call into
+one of the small modules above.
 """
 
 from __future__ import annotations

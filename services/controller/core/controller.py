@@ -11,8 +11,8 @@ id, compare-and-set, so one live controller wins) and then does what a restart o
 adopting a Job that still runs or failing an attempt whose local process it cannot see (reason LOST, which the
 rollout's retry policy may turn into a new attempt).
 
-One module past 400 lines: claiming, reporting and taking over all read and change the same waiting queue,
-running tasks and concurrency slots of the one Controller; split up, each part would reach into the others' state.
+Claiming, reporting and taking over all read and change the same waiting queue, running tasks and concurrency
+slots of the one Controller.
 """
 
 from __future__ import annotations

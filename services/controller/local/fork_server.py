@@ -25,8 +25,8 @@ Wire protocol: one JSON object per line over the control socket (fd --control-fd
 runs with one datagram on --notify-fd.
 End of file on the control socket: the launcher kills its children's groups and exits.
 
-One module past 400 lines: the guarantees above hold across the launcher's loop and the child's set-up, both of
-one ForkServer's state (its children, its control socket), and are checked in one place.
+The guarantees above hold across the launcher's loop and the child's set-up, both of one ForkServer's state (its
+children, its control socket), and are checked in one place.
 """
 
 from __future__ import annotations

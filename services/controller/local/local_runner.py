@@ -10,8 +10,8 @@ its own PID and mount namespaces (the services, the launchers and other rollouts
 killed when it ends or is killed, `setsid` or not), no capabilities, the log directory and the key file hidden.
 Log files are created 0600 either way.
 
-One module past 400 lines: a warm launch falls back to a fresh one within the same run(), and both end through the
-same pid file, running notice and exit outcome; split in two, that fallback would cross modules.
+A warm launch falls back to a fresh one within the same run(), and both end through the same pid file, running
+notice and exit outcome.
 """
 
 from __future__ import annotations

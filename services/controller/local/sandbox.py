@@ -29,7 +29,7 @@ A controller that is not root creates a user namespace first (its own uid and gi
 Linux allows when unprivileged user namespaces are enabled. Standard library only: a fresh launch runs this file
 with `-I -S` before the agent's interpreter or command starts.
 
-One module past 400 lines for the same reason: run as a file, it can import no sibling module.
+One module for the same reason: run as a file, it can import no sibling module.
 """
 
 from __future__ import annotations
