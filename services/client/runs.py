@@ -8,7 +8,7 @@ from the last revision it delivered; when the ledger no longer keeps it, it star
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from services._gen.agl.v1 import ledger_service_pb2 as pb
 from services._gen.agl.v1 import ledger_service_pb2_grpc, run_pb2
@@ -17,42 +17,44 @@ from .resumable import revision_watch
 from .retry import RetryPolicy
 
 
-class RunMethods:
-    """Needs `_unary`, `stub`, `_metadata` and `_retry` from LedgerClient."""
+class RunHost(Protocol):
+    """What the run methods use of the client they are mixed into (LedgerClient): its unary call with retries, its
+    paging, its stub, the call metadata and the retry policy."""
 
     _metadata: tuple[tuple[str, str], ...] | None
     _retry: RetryPolicy
 
-    def _unary(self, method: str, request: Any, timeout_s: float | None = None) -> Awaitable[Any]:
-        raise NotImplementedError
+    def _unary(self, method: str, request: Any, timeout_s: float | None = None) -> Awaitable[Any]: ...
 
-    def _every_page(self, method: str, request: Any, items: str) -> Awaitable[list[Any]]:
-        raise NotImplementedError
+    def _every_page(self, method: str, request: Any, items: str) -> Awaitable[list[Any]]: ...
 
     @property
-    def stub(self) -> ledger_service_pb2_grpc.LedgerServiceStub:
-        raise NotImplementedError
+    def stub(self) -> ledger_service_pb2_grpc.LedgerServiceStub: ...
+
+
+class RunMethods:
+    """The run RPCs of LedgerClient, kept beside each other; each takes the client as a RunHost."""
 
     async def create_run(
-        self, run_id: str, labels: Mapping[str, str] | None = None, config_json: str = ""
+        self: RunHost, run_id: str, labels: Mapping[str, str] | None = None, config_json: str = ""
     ) -> tuple[run_pb2.Run, bool]:
         """Creates the run, or returns the stored one unchanged; the flag says whether it was created."""
         request = pb.CreateRunRequest(run_id=run_id, labels=dict(labels or {}), config_json=config_json)
         response = await self._unary("CreateRun", request)
         return response.run, response.created
 
-    async def get_run(self, run_id: str) -> run_pb2.Run:
+    async def get_run(self: RunHost, run_id: str) -> run_pb2.Run:
         return (await self._unary("GetRun", pb.GetRunRequest(run_id=run_id))).run
 
-    async def update_run_state(self, run_id: str, state: int, error_message: str = "") -> run_pb2.Run:
+    async def update_run_state(self: RunHost, run_id: str, state: int, error_message: str = "") -> run_pb2.Run:
         request = pb.UpdateRunStateRequest(run_id=run_id, state=state, error_message=error_message)
         return (await self._unary("UpdateRunState", request)).run
 
-    async def delete_runs(self, run_ids: Iterable[str]) -> int:
+    async def delete_runs(self: RunHost, run_ids: Iterable[str]) -> int:
         return (await self._unary("DeleteRuns", pb.DeleteRunsRequest(run_ids=list(run_ids)))).deleted_count
 
     async def report_run_steps(
-        self, run_id: str, steps: Mapping[int, Mapping[str, float]]
+        self: RunHost, run_id: str, steps: Mapping[int, Mapping[str, float]]
     ) -> tuple[list[run_pb2.RunStep], run_pb2.Run]:
         """Stores {step: {metric: value}} (merged into what the steps had); values must be finite."""
         request = pb.ReportRunStepsRequest(
@@ -62,7 +64,7 @@ class RunMethods:
         return list(response.steps), response.run
 
     async def list_runs_page(
-        self,
+        self: RunHost,
         labels: Mapping[str, str] | None = None,
         states: Iterable[int] = (),
         page_size: int = 100,
@@ -73,13 +75,15 @@ class RunMethods:
         )
         return await self._unary("ListRuns", request)
 
-    async def list_runs(self, labels: Mapping[str, str] | None = None, states: Iterable[int] = ()) -> list[run_pb2.Run]:
+    async def list_runs(
+        self: RunHost, labels: Mapping[str, str] | None = None, states: Iterable[int] = ()
+    ) -> list[run_pb2.Run]:
         """Every matching run, in creation order (walks all pages)."""
         request = pb.ListRunsRequest(label_selector=dict(labels or {}), states=list(states), page_size=1000)
         return await self._every_page("ListRuns", request, "runs")
 
     async def list_run_steps(
-        self, run_id: str, after_step: int = 0, metric_names: Iterable[str] = ()
+        self: RunHost, run_id: str, after_step: int = 0, metric_names: Iterable[str] = ()
     ) -> list[run_pb2.RunStep]:
         """Every step of the run in step order (walks all pages); only the named metrics when given."""
         request = pb.ListRunStepsRequest(
@@ -88,7 +92,7 @@ class RunMethods:
         return await self._every_page("ListRunSteps", request, "steps")
 
     def watch_runs(
-        self,
+        self: RunHost,
         run_id: str = "",
         labels: Mapping[str, str] | None = None,
         include_steps: bool = False,
