@@ -91,3 +91,18 @@ def test_what_these_commands_cannot_do_is_one_line_and_exit_2(tmp_path: Path) ->
         assert err.code == 2 and "from Python, call train() in a thread or process of your own" in str(err)
     else:
         raise AssertionError("train(detach=True) was accepted")
+
+
+def test_a_run_that_died_before_its_run_json_is_not_followed_for_ever(tmp_path: Path) -> None:
+    """detach() leaves the child's pid; a child that died while starting (no run.json) ends `logs -f` at once."""
+    dead = subprocess.Popen(["true"])
+    start = process_start(dead.pid)
+    dead.wait()
+    folder = tmp_path / "agl-runs" / "early"
+    folder.mkdir(parents=True)
+    (folder / "detached.json").write_text(json.dumps({"pid": dead.pid, "pid_start": start}))
+    (folder / "train.log").write_text("checks passed in 1.0s: 40 tasks\nTraceback (most recent call last):\n")
+    followed = agl("logs", "early", "-f", cwd=tmp_path)
+    assert followed.returncode == 0 and followed.stdout.endswith("Traceback (most recent call last):\n")
+    stopped = agl("stop", "early", cwd=tmp_path)
+    assert stopped.returncode == 1 and "run early is not running (state: not started)" in stopped.stdout

@@ -19,9 +19,10 @@ from typing import TextIO
 
 from ..errors import FAILURE, USAGE, CliError
 from .plan import RUN_FILE, read_run_file
-from .process_id import alive
+from .process_id import alive, process_start
 
 LOG_FILE = "train.log"
+DETACHED_FILE = "detached.json"
 DETACH_FLAG = "--detach"
 # How long `agl stop` waits for the run to stop its services (the trainer's own stop, then the stack's).
 STOP_WAIT_S = 180.0
@@ -38,6 +39,18 @@ def run_folder(run: str) -> Path:
     raise CliError(f"no run {run!r}: neither a run folder nor a run under {RUNS_DIR}/", USAGE)
 
 
+def process_record(folder: Path) -> dict[str, object]:
+    """What names the run's process: its run.json once written, before that the record detach() left."""
+    record = read_run_file(folder)
+    if record is not None and "pid" in record:
+        return record
+    try:
+        started = json.loads((folder / DETACHED_FILE).read_text())
+    except (OSError, ValueError):
+        return record or {}
+    return {**(record or {}), **started}
+
+
 def detach(argv: Sequence[str], run_id: str, output: Path, out: TextIO) -> int:
     """Starts `agl train` with argv (without --detach, with the run's id) in a new session, its output in the run's
     log; the checks already passed here, so a refusal is not buried in the log."""
@@ -52,6 +65,9 @@ def detach(argv: Sequence[str], run_id: str, output: Path, out: TextIO) -> int:
             # Python keeps SIGINT ignored in a child of a shell's background job: the run's own handlers install
             # theirs, and agl stop sends SIGTERM.
         )  # fmt: skip
+    # Until the run writes its run.json, this is what says whether it still runs (agl logs -f on a run that died
+    # while starting would otherwise wait for ever).
+    (output / DETACHED_FILE).write_text(json.dumps({"pid": proc.pid, "pid_start": process_start(proc.pid)}) + "\n")
     out.write(
         f"run {run_id} started in the background (pid {proc.pid}); its output: {log_path}\n"
         f"  follow it: agl logs {run_id} -f    stop it: agl stop {run_id}    list runs: agl runs --local\n"
@@ -81,9 +97,7 @@ def logs_command(run: str, follow: bool, out: TextIO = sys.stdout) -> int:
         raise CliError(f"run {folder.name} has no {LOG_FILE}: it was not started with --detach", USAGE)
 
     def running() -> bool:
-        record = read_run_file(folder)
-        # A detached run that has not written its run.json yet is starting.
-        return record is None or alive(record)
+        return alive(process_record(folder))
 
     try:
         for line in _lines(path, follow, running):
@@ -96,9 +110,9 @@ def logs_command(run: str, follow: bool, out: TextIO = sys.stdout) -> int:
 
 def stop_command(run: str, out: TextIO = sys.stdout) -> int:
     folder = run_folder(run)
-    record = read_run_file(folder)
-    if record is None or not alive(record):
-        state = record.get("state") if record else "not started"
+    record = process_record(folder)
+    if not alive(record):
+        state = record.get("state", "not started")
         out.write(f"run {folder.name} is not running (state: {state})\n")
         return FAILURE
     pid = int(record["pid"])  # type: ignore[arg-type]
