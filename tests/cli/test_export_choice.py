@@ -80,3 +80,17 @@ def test_a_baseline_must_share_the_models_architecture_and_tokenizer(tmp_path: P
     (binary / "model.safetensors").unlink()
     with pytest.raises(CliError, match=r"no \*\.safetensors weights"):
         check_same_family(model, binary)
+
+
+def test_agl_train_keeps_the_best_only_where_it_validates_and_the_user_left_validation_alone() -> None:
+    from types import SimpleNamespace
+
+    from services.cli.train.session import keeps_best
+
+    plan = SimpleNamespace(val_every=10, val_file=Path("val.jsonl"), extra_overrides=[], overrides=[])
+    assert keeps_best(plan)
+    assert not keeps_best(SimpleNamespace(**{**vars(plan), "val_every": 0}))
+    assert not keeps_best(SimpleNamespace(**{**vars(plan), "val_file": None}))
+    # The user's own Hydra override of the validation: agl.best_dir would be refused by the trainer without it.
+    assert not keeps_best(SimpleNamespace(**{**vars(plan), "overrides": ["trainer.test_freq=-1"]}))
+    assert not keeps_best(SimpleNamespace(**{**vars(plan), "overrides": ["+data.val_files=other.jsonl"]}))

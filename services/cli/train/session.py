@@ -110,7 +110,7 @@ def trainer_overrides(plan: TrainPlan, stack: Stack, model_path: Path) -> list[s
         "trainer.max_actor_ckpt_to_keep=2",
         f"trainer.default_local_dir={plan.output / 'checkpoints'}",
         # The best validation's weights are kept beside the last step's; export takes them (export.py).
-        *([f"agl.best_dir={plan.output / export.BEST_DIR}"] if plan.val_every > 0 and plan.val_file else []),
+        *([f"agl.best_dir={plan.output / export.BEST_DIR}"] if keeps_best(plan) else []),
     ]
     if plan.placement == "cpu":
         overrides.append(f"agl.engines.weights_dir={state / 'weights'}")
@@ -126,6 +126,13 @@ def trainer_overrides(plan: TrainPlan, stack: Stack, model_path: Path) -> list[s
         overrides.append("actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]")
     # The caller's settings win: the example's, then the user's own Hydra overrides.
     return [*overrides, *plan.extra_overrides, *plan.overrides]
+
+
+def keeps_best(plan: TrainPlan) -> bool:
+    """Whether the run validates periodically, so the trainer can keep the best validation's weights; a Hydra
+    override of the validation's own settings is the user's, and the trainer would refuse agl.best_dir without it."""
+    own = {o.split("=", 1)[0].lstrip("+~") for o in [*plan.extra_overrides, *plan.overrides]}
+    return plan.val_every > 0 and plan.val_file is not None and not own & {"trainer.test_freq", "data.val_files"}
 
 
 def lora_overrides(plan: TrainPlan) -> list[str]:
