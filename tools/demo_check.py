@@ -1,15 +1,15 @@
 """`make demo-check`: does every demo still learn from a fresh clone? (issue 48)
 
 Each run clones this checkout's HEAD into a folder of its own (empty caches: the warm start is built again), links
-this checkout's venvs into it (their packages are the same: the install is not what is checked), runs `make demo`
-with the demo's arguments, and reads the run's held-out accuracy at its first and last validation from its
-`metrics.jsonl`. A run whose held-out accuracy rose by less than --min-rise, or that failed, fails the check.
-Prints one row per run (start, end, best, rise, warm-start and whole wall times, the load average) and exits 1 if
+this checkout's venvs into it (their packages are the same: the install is not what is checked), runs what `make
+demo` runs (tools/demo.py) with the demo's arguments, and reads the run's held-out accuracy at its first and last
+validation from its `metrics.jsonl`. A run whose held-out accuracy rose by less than --min-rise, or that failed,
+fails the check. Prints one row per run (start, end, best, rise, warm-start and whole wall times, the load average) and exits 1 if
 any run failed. The note of every change that touches the model, its template, the tokenizer, the tasks or the
 trainer's objective reports this table: CI's short tests show that the demos start, not that they learn.
 
-Uncommitted changes are not in the clones: commit first. The engine's venv reads the code of the checkout that
-installed it, so run this from a checkout whose working tree is its HEAD.
+Uncommitted changes are not in the clones: commit first. Both venvs read the code of the checkout that installed
+them (the clones hold the data), so run this from a checkout whose working tree is its HEAD.
 
     python tools/demo_check.py [--runs 3] [--demos math,calc,lora] [--min-rise 0.15] [--workdir DIR]
 """
@@ -87,7 +87,9 @@ def run_one(demo: str, run: int, workdir: Path, log_dir: Path) -> Outcome:
     log = log_dir / f"{demo}-{run}.log"
     with log.open("w") as sink:
         done = subprocess.run(
-            ["make", "--no-print-directory", "demo", f"ARGS={DEMOS[demo]}"],
+            # Not `make demo`: make would see the clone's newer pyproject.toml and reinstall this checkout's venv
+            # from the clone (its editable install then pointing at the clone, for every later command).
+            [str(clone / ".venv" / "bin" / "python"), "tools/demo.py", *DEMOS[demo].split()],
             cwd=clone, stdout=sink, stderr=subprocess.STDOUT, check=False,
         )  # fmt: skip
     wall = time.monotonic() - started

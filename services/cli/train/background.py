@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import TextIO
 
 from ..errors import FAILURE, USAGE, CliError
+from .export import resolve_run
 from .plan import RUN_FILE, read_run_file
 from .process_id import alive, process_start
+from .signals import Interrupted, raise_on_signals, restore_handlers
 
 LOG_FILE = "train.log"
 DETACHED_FILE = "detached.json"
@@ -31,12 +33,7 @@ FOLLOW_POLL_S = 0.5
 
 def run_folder(run: str) -> Path:
     """A run id under agl-runs/ or a run's folder; it may not have a run.json yet (a detached run starting)."""
-    from .options import RUNS_DIR
-
-    for candidate in (Path(run), RUNS_DIR / run):
-        if (candidate / RUN_FILE).is_file() or (candidate / LOG_FILE).is_file():
-            return candidate.resolve()
-    raise CliError(f"no run {run!r}: neither a run folder nor a run under {RUNS_DIR}/", USAGE)
+    return resolve_run(run, markers=(RUN_FILE, LOG_FILE))
 
 
 def process_record(folder: Path) -> dict[str, object]:
@@ -99,12 +96,17 @@ def logs_command(run: str, follow: bool, out: TextIO = sys.stdout) -> int:
     def running() -> bool:
         return alive(process_record(folder))
 
+    # Ctrl-C and SIGTERM stop the following (handlers installed: a shell's background job starts with SIGINT ignored).
+    previous = raise_on_signals()
     try:
         for line in _lines(path, follow, running):
             out.write(line)
             out.flush()
-    except KeyboardInterrupt:  # stops following; the run goes on
-        return 130
+    except Interrupted as stop:  # the run goes on
+        out.write(f"\nagl logs: stopped following by {stop}; run {folder.name} goes on (agl stop {folder.name})\n")
+        return 128 + stop.signum
+    finally:
+        restore_handlers(previous)
     return 0
 
 
@@ -122,8 +124,15 @@ def stop_command(run: str, out: TextIO = sys.stdout) -> int:
         out.write(f"run {folder.name} ended meanwhile\n")
         return 0
     deadline = time.monotonic() + STOP_WAIT_S
-    while alive(record) and time.monotonic() < deadline:
-        time.sleep(FOLLOW_POLL_S)
+    previous = raise_on_signals()
+    try:
+        while alive(record) and time.monotonic() < deadline:
+            time.sleep(FOLLOW_POLL_S)
+    except Interrupted as stop:  # the run was told already: it stops without this command waiting
+        out.write(f"\nagl stop: stopped waiting by {stop}; run {folder.name} is stopping (agl runs --local)\n")
+        return 128 + stop.signum
+    finally:
+        restore_handlers(previous)
     if alive(record):
         log = folder / LOG_FILE
         out.write(f"run {folder.name} (pid {pid}) is still stopping after {STOP_WAIT_S:.0f}s; see {log}\n")

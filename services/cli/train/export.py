@@ -151,11 +151,12 @@ def export_model(run_dir: Path, target: Path, *, dtype: str = "trained", which: 
     return target
 
 
-def resolve_run(run: str) -> Path:
+def resolve_run(run: str, markers: tuple[str, ...] = ("run.json",)) -> Path:
+    """A run id under agl-runs/ or a run's folder: the first holding one of `markers`."""
     from .options import RUNS_DIR
 
     for candidate in (Path(run), RUNS_DIR / run):
-        if (candidate / "run.json").is_file():
+        if any((candidate / marker).is_file() for marker in markers):
             return candidate.resolve()
     raise CliError(f"no run {run!r}: neither a run folder nor a run under {RUNS_DIR}/", USAGE)
 

@@ -28,7 +28,7 @@ from services.trainer.best import ADAPTER
 from ..errors import FAILURE, USAGE, CliError
 from . import background, checks, collect, export, lora, options, preflight, prompt_fit, report, reporting, sft
 from .plan import TrainPlan, plan_from_args, unfinished_runs_like, write_run_file
-from .signals import Interrupted, raise_on_signals, run_async
+from .signals import Interrupted, raise_on_signals, restore_handlers, run_async
 from .stack import CHECKOUT, Stack, check_services, child_environment, running_stack, while_services_run
 
 METRICS_FILE = "metrics.jsonl"
@@ -280,8 +280,7 @@ def run_interruptible(command: str, body: Callable[[], int], out: TextIO) -> int
         out.write(f"\nagl {command}: interrupted by {stop}; everything it started has been stopped\n")
         return 128 + stop.signum
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore_handlers(previous)
 
 
 def train(plan: TrainPlan, out: TextIO = sys.stdout, *, base_model: Path | None = None) -> int:
@@ -340,8 +339,7 @@ def train(plan: TrainPlan, out: TextIO = sys.stdout, *, base_model: Path | None 
         )
         return 128 + stop.signum
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore_handlers(previous)
     if code != 0:
         return code
     # --export-weights, by default the best validation's when the run kept them (trainer/best.py), else the last.

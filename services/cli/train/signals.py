@@ -31,6 +31,12 @@ def raise_on_signals() -> dict[int, Any]:
     return previous
 
 
+def restore_handlers(previous: dict[int, Any]) -> None:
+    """Puts back the handlers raise_on_signals replaced."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """asyncio.run, where SIGINT and SIGTERM cancel the main task and Interrupted is raised once the loop has
     unwound. A handler's raise lands in whichever task the signal interrupts: a background task keeps it, so the
