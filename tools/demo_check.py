@@ -4,9 +4,10 @@ Each run clones this checkout's HEAD into a folder of its own (empty caches: the
 this checkout's venvs into it (their packages are the same: the install is not what is checked), runs what `make
 demo` runs (tools/demo.py) with the demo's arguments, and reads the run's held-out accuracy at its first and last
 validation from its `metrics.jsonl`. A run whose held-out accuracy rose by less than --min-rise, or that failed,
-fails the check. Prints one row per run (start, end, best, rise, warm-start and whole wall times, the load average) and exits 1 if
-any run failed. The note of every change that touches the model, its template, the tokenizer, the tasks or the
-trainer's objective reports this table: CI's short tests show that the demos start, not that they learn.
+fails the check. Prints one row per run (start, end, best, rise, warm-start and whole wall times, the load
+average) and exits 1 if any run failed. The note of every change that touches the model, its template, the
+tokenizer, the tasks or the trainer's objective reports this table: CI's short tests show that the demos start,
+not that they learn.
 
 Uncommitted changes are not in the clones: commit first. Both venvs read the code of the checkout that installed
 them (the clones hold the data), so run this from a checkout whose working tree is its HEAD.
