@@ -27,11 +27,11 @@ sys.path.insert(0, str(REPO))
 
 from services._gen.agl.v1 import event_pb2  # noqa: E402
 from services.trainer import health  # noqa: E402
-from services.trainer.adapter import DataPathSettings, build_rows, build_training_batch  # noqa: E402
-from services.trainer.aggregation import AggregationLevel  # noqa: E402
-from services.trainer.guardrails import DEFAULT_LIMITS, all_failed_line, evaluate  # noqa: E402
-from services.trainer.infra_policy import InfraSettings, select  # noqa: E402
-from services.trainer.triplets import CallOutcome, RolloutTrace, Triplet  # noqa: E402
+from services.trainer.data.adapter import DataPathSettings, build_rows, build_training_batch  # noqa: E402
+from services.trainer.data.aggregation import AggregationLevel  # noqa: E402
+from services.trainer.data.guardrails import DEFAULT_LIMITS, all_failed_line, evaluate  # noqa: E402
+from services.trainer.data.infra_policy import InfraSettings, select  # noqa: E402
+from services.trainer.data.triplets import CallOutcome, RolloutTrace, Triplet  # noqa: E402
 
 STEP_SECONDS = {"calc agent (README, median step)": 10.4, "math agent (README, median step)": 4.32}
 

@@ -38,10 +38,10 @@ import torch  # noqa: E402
 
 from examples.math_agent.tasks import split_tasks  # noqa: E402
 from services.engine.tiny_model import EOS_TOKEN  # noqa: E402
-from services.trainer.adapter import DataPathSettings, build_rows  # noqa: E402
-from services.trainer.advantage import rollout_advantages  # noqa: E402
-from services.trainer.infra_policy import InfraSettings, Policy, select  # noqa: E402
-from services.trainer.triplets import RolloutTrace, Triplet  # noqa: E402
+from services.trainer.data.adapter import DataPathSettings, build_rows  # noqa: E402
+from services.trainer.data.advantage import rollout_advantages  # noqa: E402
+from services.trainer.data.infra_policy import InfraSettings, Policy, select  # noqa: E402
+from services.trainer.data.triplets import RolloutTrace, Triplet  # noqa: E402
 
 ARMS = {"clean": None, "score": Policy.SCORE, "drop_rollout": Policy.DROP_ROLLOUT, "retry_drop": Policy.DROP_ROLLOUT}
 ATTEMPTS = {"retry_drop": 2}  # attempts per rollout (the trainer's default); the other arms have one

@@ -49,8 +49,8 @@ from services.engine.tiny_model import (  # noqa: E402
     build_tiny_model,
 )
 from services.engine.warm_start import warm_start  # noqa: E402
-from services.trainer.aggregation import TRAJECTORY_BREAKS, rows_from_trace  # noqa: E402
-from services.trainer.triplets import RolloutTrace, Triplet  # noqa: E402
+from services.trainer.data.aggregation import TRAJECTORY_BREAKS, rows_from_trace  # noqa: E402
+from services.trainer.data.triplets import RolloutTrace, Triplet  # noqa: E402
 
 KEY = "exactness-bench-key"
 MODEL = "agl-policy"

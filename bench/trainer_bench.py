@@ -29,9 +29,9 @@ sys.path.insert(0, str(REPO))
 
 from services._gen.agl.v1 import event_pb2, rollout_pb2  # noqa: E402
 from services.client import LedgerClient  # noqa: E402
-from services.trainer.manager import ManagerSettings, RolloutManager  # noqa: E402
-from services.trainer.specs import LABEL_RUN, LaunchSettings, Sample, build_specs  # noqa: E402
-from services.trainer.triplets import RolloutTrace, Triplet  # noqa: E402
+from services.trainer.data.triplets import RolloutTrace, Triplet  # noqa: E402
+from services.trainer.rollouts.manager import ManagerSettings, RolloutManager  # noqa: E402
+from services.trainer.rollouts.specs import LABEL_RUN, LaunchSettings, Sample, build_specs  # noqa: E402
 from tests.support.procs import start_ledger  # noqa: E402
 
 CALLS = 10
@@ -135,7 +135,7 @@ async def bench_manager(address: str, count: int, n: int = 4) -> None:
 
 
 def bench_adapter(rollouts: int) -> None:
-    from services.trainer.adapter import DataPathSettings, build_training_batch
+    from services.trainer.data.adapter import DataPathSettings, build_training_batch
 
     rng = random.Random(3)
     traces = []

@@ -89,3 +89,41 @@ def test_no_module_of_services_imports_one_that_imports_it() -> None:
 def test_the_check_finds_a_circle_through_a_third_module_and_a_lazy_import() -> None:
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def folder_of(module: str, depth: int) -> str:
+    """The unit a module belongs to in its service's layout: its folder below the service (services.proxy.call), or
+    itself for a module at the service's top level (services.proxy.runtime)."""
+    parts = module.split(".")
+    return ".".join(parts[: depth + 1]) if len(parts) > depth + 1 else module
+
+
+def test_the_folders_of_the_proxy_and_the_trainer_import_each_other_one_way() -> None:
+    known = module_files()
+    graph = {name: imports_of(name, *known[name], known) for name in known}
+    for service in ("services.proxy", "services.trainer"):
+        depth = service.count(".") + 1
+        units: dict[str, set[str]] = {}
+        for name, imported in graph.items():
+            if name.startswith(service + "."):
+                unit = folder_of(name, depth)
+                edges = {folder_of(m, depth) for m in imported if m.startswith(service + ".")}
+                units.setdefault(unit, set()).update(edges - {unit})
+        folders = [
+            unit for unit in units if unit.count(".") == depth and unit.rsplit(".", 1)[-1] in known_folders(service)
+        ]
+        assert len(folders) >= 4, folders  # the layout is there
+        assert circles(units) == [], service
+
+
+def known_folders(service: str) -> set[str]:
+    root = ROOT.joinpath(*service.split("."))
+    return {p.name for p in root.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+
+
+def test_only_the_proxy_app_imports_agent_lightning_v1s_surface() -> None:
+    known = module_files()
+    for name in known:
+        if name.startswith("services.proxy.") and not name.startswith(("services.proxy.v1", "services.proxy.app")):
+            imported = imports_of(name, *known[name], known)
+            assert not [m for m in imported if m.startswith("services.proxy.v1")], name

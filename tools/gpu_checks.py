@@ -21,7 +21,7 @@ Steps = Mapping[int, Mapping[str, Any]]
 
 # Mean gaps on the trained tokens between the engine's sampling log-probs and the actor's recomputation on the same
 # weights. agl/push/logprob_diff_mean is in nats; the limit is the logprob_gap guardrail's warning level
-# (services/trainer/guardrails.py). verl's training/rollout_probs_diff_mean is in probability.
+# (services/trainer/data/guardrails.py). verl's training/rollout_probs_diff_mean is in probability.
 GAP_LIMITS = {"agl/push/logprob_diff_mean": 0.05, "training/rollout_probs_diff_mean": 0.02}
 
 

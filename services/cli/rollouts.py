@@ -16,7 +16,7 @@ from . import render
 from .errors import USAGE, CliError
 from .labels import parse_labels
 
-LABEL_RUN = "agl_run"  # the trainer's labels (services/trainer/specs.py)
+LABEL_RUN = "agl_run"  # the trainer's labels (services/trainer/rollouts/specs.py)
 LABEL_STEP = "agl_step"
 
 

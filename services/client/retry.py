@@ -1,5 +1,5 @@
 """The one retry policy of AGL's clients: the ledger client's unary calls and stream reconnects, and the proxy's
-calls to its engines (services/proxy/upstream.py, which adds what HTTP answers are retried)."""
+calls to its engines (services/proxy/engines/upstream.py, which adds what HTTP answers are retried)."""
 
 from __future__ import annotations
 

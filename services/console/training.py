@@ -1,7 +1,7 @@
 """What the trainer made of a rollout, and a run's step health, for the pages (pure: no I/O).
 
 The trainer records each consumed rollout's training rows as an `agl_training_rows` event (its JSON is described
-in services/trainer/row_records.py) and the health limits in the run's config summary (`health_limits`); both
+in services/trainer/data/row_records.py) and the health limits in the run's config summary (`health_limits`); both
 are read here as data, so the console needs neither the trainer's code nor a tokenizer.
 """
 

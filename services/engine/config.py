@@ -30,9 +30,9 @@ class EngineConfig:
     # <tool_call>{...}</tool_call> calls; "" serves no tools (a request with `tools` is then refused by vLLM).
     tool_call_parser: str = "hermes"
     # vLLM's render / generate / derender endpoints (--enable-scale-out): the proxy continues a rollout's turns
-    # in the tokens the model sampled through them (services/proxy/token_continuation.py).
+    # in the tokens the model sampled through them (services/proxy/call/continuation.py).
     token_endpoints: bool = True
-    # LoRA adapters loaded at runtime (a LoRA run's pushes: services/trainer/lora.py): the largest rank one may
+    # LoRA adapters loaded at runtime (a LoRA run's pushes: services/trainer/run/lora.py): the largest rank one may
     # have (vLLM's --max-lora-rank; 0: no LoRA) and how many are served at once (--max-loras: one per run).
     lora_rank: int = 0
     max_loras: int = 1

@@ -9,11 +9,10 @@ import sys
 import uvicorn
 
 from services import http_serving as serving
-
-from .app import create_app
-from .client_limits import limits_for
-from .config import parse_config
-from .readiness import key_refused_at_start
+from services.proxy.app import create_app
+from services.proxy.config import parse_config
+from services.proxy.fleet.readiness import key_refused_at_start
+from services.proxy.routes.client_limits import limits_for
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
-"""The proxy's HTTP transport: a Starlette app assembling the routes (routes_*.py, rest_routes.py) over the
+"""The proxy's HTTP transport: a Starlette app assembling the routes (routes/, v1/rest_routes.py) over the
 proxy's runtime, and the one place errors become HTTP answers.
 
 An error's status comes from the one table in errors.py; its body's shape from the route that took the request
-(error_shapes.py): Anthropic's under the Messages API, OpenAI's elsewhere.
+(routes/error_shapes.py): Anthropic's under the Messages API, OpenAI's elsewhere.
 """
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ from starlette.responses import JSONResponse, Response
 
 from services import http_serving as serving
 from services.printable import printable
-
-from . import routes_admin, routes_agent, routes_ops
-from .client_limits import limits_for
-from .config import ProxyConfig, parse_config
-from .error_shapes import error_shape_of
-from .errors import ProxyError
-from .rest_routes import RestFacade
-from .runtime import ProxyRuntime, runtime_of
+from services.proxy.config import ProxyConfig, parse_config
+from services.proxy.errors import ProxyError
+from services.proxy.routes import admin, agent, ops
+from services.proxy.routes.client_limits import limits_for
+from services.proxy.routes.error_shapes import error_shape_of
+from services.proxy.runtime import ProxyRuntime, runtime_of
+from services.proxy.v1.rest_routes import RestFacade
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +83,9 @@ def create_app(config: ProxyConfig) -> Starlette:
             await runtime.stop()
 
     routes = [
-        *routes_agent.routes(),
-        *routes_ops.routes(),
-        *routes_admin.routes(),
+        *agent.routes(),
+        *ops.routes(),
+        *admin.routes(),
         # Agent Lightning v1.0's store routes (/api/rollouts..., /api/models) over the ledger's gRPC, and its
         # gateway management routes (/proxy/pause, /proxy/resume, /proxy/state) over the coordinator.
         *RestFacade(runtime.client, runtime.auth, runtime.coordinator).routes(),

@@ -6,8 +6,7 @@ import hmac
 from collections.abc import Mapping
 
 from services.client import verify_agent_token
-
-from .errors import ProxyError
+from services.proxy.errors import ProxyError
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:

@@ -6,8 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services import settings as st
-
-from .request_limits import MAX_N_SETTING, MAX_OUTPUT_TOKENS_SETTING, RequestLimits
+from services.proxy.call.request_limits import MAX_N_SETTING, MAX_OUTPUT_TOKENS_SETTING, RequestLimits
 
 
 @dataclass(frozen=True)
@@ -26,14 +25,14 @@ class ProxyConfig:
     retry_max_backoff_s: float = 2.0
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 600.0
-    # Each engine's weight label is read this often (engine_check.py); 0: never, endpoints routed as registered.
+    # Each engine's weight label is read this often (engines/weight_check.py); 0: never, endpoints routed as registered.
     engine_check_s: float = 2.0
     # A call that finds every engine held back or unreachable (one restarting) waits this long for one. Below the
     # agents' own timeouts: an agent that gave up meanwhile would not see the answer the proxy then records.
     engine_wait_s: float = 20.0
     ledger_timeout_s: float = 10.0
     max_body_bytes: int = 32 * 1024 * 1024
-    # What one model call may ask for (request_limits.py). Training calls use n=1 (a GRPO group is separate
+    # What one model call may ask for (call/request_limits.py). Training calls use n=1 (a GRPO group is separate
     # rollouts); 64 answers covers best-of-n and self-consistency agents; 128Ki tokens is above what harnesses
     # send (Claude Code's 32k-64k, OpenAI reasoning models' 100k), so an unmodified agent is not refused.
     max_n: int = 64

@@ -1,7 +1,7 @@
 """Domain errors of the proxy and the one table that maps them, and the client's typed ledger errors, to HTTP.
 
 An error's body is OpenAI-shaped, {"error": {"message", "type", "code"}}, with the status of the table; a route of
-another agent API answers it in that API's shape (error_shapes.py), the status unchanged.
+another agent API answers it in that API's shape (routes/error_shapes.py), the status unchanged.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
     "internal": (500, "internal_error"),
     "upstream_unreachable": (502, "upstream_error"),
     "no_endpoint": (503, "service_unavailable_error"),
-    "engine_not_current": (503, "service_unavailable_error"),  # every engine held back (engine_check.py)
+    "engine_not_current": (503, "service_unavailable_error"),  # every engine held back (engines/weight_check.py)
     "ledger_unavailable": (503, "service_unavailable_error"),
     "ledger_refused": (503, "service_unavailable_error"),
     "upstream_timeout": (504, "upstream_error"),
@@ -58,7 +58,7 @@ LEDGER_ERROR_KINDS: dict[type[ledger.LedgerError], str] = {
     ledger.Refused: "ledger_refused",
 }
 
-# Agent Lightning v1.0's REST routes (rest_routes.py) answer {"detail": ...} bodies with the status of ERROR_TABLE,
+# Agent Lightning v1.0's REST routes (v1/rest_routes.py) answer {"detail": ...} bodies with the status of ERROR_TABLE,
 # except that a request the ledger finds invalid is FastAPI's 422 there, as in v1.0.
 V1_STATUS_OVERRIDES: dict[str, int] = {"invalid_request": 422}
 

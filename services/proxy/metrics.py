@@ -104,7 +104,7 @@ class ProxyMetrics:
         self.held_endpoints = Gauge(
             "agl_proxy_held_endpoints",
             "Endpoints held back from routing by their engine's own state: labelled with other weights than "
-            "registered (restarted), or refusing connections (engine_check.py).",
+            "registered (restarted), or refusing connections (engines/weight_check.py).",
             registry=self.registry,
         )
         # Counts kept by the engine pool and the ledger gateway themselves, read at each scrape (set_counts): they

@@ -1,7 +1,7 @@
 """The running proxy: the parts one proxy process builds at startup (ledger client, coordinator, routing, the
 engines' connection pool, the model-call core), their start and stop, and how a route reaches them.
 
-Routes are module-level functions (routes_agent.py, routes_admin.py, routes_ops.py) and find the runtime through
+Routes are module-level functions (routes/agent.py, routes/admin.py, routes/ops.py) and find the runtime through
 their request (`runtime_of`), so nothing is captured in a closure of the app's factory.
 """
 
@@ -17,21 +17,20 @@ import uuid
 from starlette.requests import Request
 
 from services.client import LedgerClient, LedgerError, RetryPolicy, backoff_s
-
-from .auth import Authorizer
-from .background import stop_tasks
-from .calls import ModelCalls
-from .config import ProxyConfig
-from .continuation import TokenHistory
-from .coordination import Coordinator
-from .engine_check import EngineChecker
-from .gateway import LedgerGateway
-from .metrics import ProxyMetrics
-from .model_routes import ModelRoutes
-from .readiness import Readiness
-from .rewrite import RewriteSettings
-from .token_continuation import TokenContinuation
-from .upstream import Upstream
+from services.proxy.auth import Authorizer
+from services.proxy.background import stop_tasks
+from services.proxy.call.continuation import TokenContinuation
+from services.proxy.call.pipeline import ModelCalls
+from services.proxy.call.rewrite import RewriteSettings
+from services.proxy.call.token_history import TokenHistory
+from services.proxy.config import ProxyConfig
+from services.proxy.engines.model_tables import ModelRoutes
+from services.proxy.engines.upstream import Upstream
+from services.proxy.engines.weight_check import EngineChecker
+from services.proxy.fleet.coordination import Coordinator
+from services.proxy.fleet.ledger_gateway import LedgerGateway
+from services.proxy.fleet.readiness import Readiness
+from services.proxy.metrics import ProxyMetrics
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import hydra
 
 # Registers the resolver agl_trainer.yaml's search path uses; imports no verl, torch or transformers (the
 # driver never does: runner.py).
-from .config import CONFIG_DIR as _CONFIG_DIR
+from services.trainer.config import CONFIG_DIR as _CONFIG_DIR
 
 # An absolute path: Hydra turns a relative one into a module name, and "hydra-conf" is not importable on purpose.
 CONFIG_DIR = str(_CONFIG_DIR)
@@ -17,12 +17,12 @@ CONFIG_DIR = str(_CONFIG_DIR)
 @hydra.main(config_path=CONFIG_DIR, config_name="agl_trainer", version_base=None)
 def main(config) -> None:  # type: ignore[no-untyped-def]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from . import fate
+    from services.trainer.run import fate
 
-    fate.mark()  # before Ray is imported (fate.py); the watchdog starts only for a cluster of the driver's own
-    from .config import ConfigError
-    from .guardrails import HealthStop
-    from .runner import run
+    fate.mark()  # before Ray is imported (run/fate.py); the watchdog starts only for a cluster of the driver's own
+    from services.trainer.config import ConfigError
+    from services.trainer.data.guardrails import HealthStop
+    from services.trainer.runner import run
 
     try:
         run(config)

@@ -17,15 +17,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from services._gen.agl.v1 import rollout_pb2
-
-from .aggregation import AggregationLevel
-from .data_settings import DataPathSettings
-from .guardrails import DEFAULT_LIMITS, Limit, parse_limits
-from .infra_policy import InfraSettings, Policy
-from .lora import trains_adapter
-from .manager import ManagerSettings
-from .retention import check_keep_steps
-from .specs import LaunchSettings, check_run_id
+from services.trainer.data.aggregation import AggregationLevel
+from services.trainer.data.guardrails import DEFAULT_LIMITS, Limit, parse_limits
+from services.trainer.data.infra_policy import InfraSettings, Policy
+from services.trainer.data.settings import DataPathSettings
+from services.trainer.rollouts.manager import ManagerSettings
+from services.trainer.rollouts.retention import check_keep_steps
+from services.trainer.rollouts.specs import LaunchSettings, check_run_id
+from services.trainer.run.lora import trains_adapter
 
 CONFIG_DIR = Path(__file__).resolve().parent / "hydra-conf"
 CONFIG_NAME = "agl_trainer"
@@ -77,22 +76,22 @@ class TrainerSettings:
     weights_dir: str = ""
     # The bearer key of the external engines' /v1 routes (vLLM --api-key); None: they want none.
     engine_api_key: str | None = field(default=None, repr=False)
-    # A LoRA run on external engines: the engines load the adapter under model_name (lora.py).
+    # A LoRA run on external engines: the engines load the adapter under model_name (run/lora.py).
     adapter_push: bool = False
     # How often a step's rollouts pause to catch up a restarted external engine; 0: only before each step.
     engine_check_s: float = 2.0
-    # JSONL of every consumed rollout with its decoded text (services/trainer/trajectory_log.py); None: off.
+    # JSONL of every consumed rollout with its decoded text (services/trainer/run/trajectory_log.py); None: off.
     trajectory_log: str | None = None
-    # Where the best validated weights are kept (services/trainer/best.py); None: off.
+    # Where the best validated weights are kept (services/trainer/run/best.py); None: off.
     best_dir: str | None = None
-    # Infrastructure failures out of the advantage (services/trainer/infra_policy.py).
+    # Infrastructure failures out of the advantage (services/trainer/data/infra_policy.py).
     infra: InfraSettings = field(default_factory=InfraSettings)
-    # Step-health limits (services/trainer/guardrails.py) and how many rollout ids a line names.
+    # Step-health limits (services/trainer/data/guardrails.py) and how many rollout ids a line names.
     health_limits: Mapping[str, Limit] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
     health_rollouts_named: int = 5
     # Shares over fewer items than this warn instead of stopping the run.
     health_min_count: int = 8
-    # Each consumed rollout gets an agl_training_rows event (row_records.py; the console's token view); off when
+    # Each consumed rollout gets an agl_training_rows event (data/row_records.py; the console's token view); off when
     # agl.retention.keep_steps is 0 (the rollouts are gone by then).
     row_records: bool = True
     # agl.async_training.pause_scope: what the pause around each update holds, "all" calls or the run's "model"'s.

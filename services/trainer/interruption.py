@@ -2,7 +2,7 @@
 
 The driver spends its life in `ray.get` on verl's task runner, where an exception raised by a signal handler
 surfaces as a SystemError from Ray's Cython code. So the handler does the stop itself and ends the process:
-1. it kills the Ray cluster the driver started (services/trainer/fate.py), at once. Ray's own shutdown after a
+1. it kills the Ray cluster the driver started (services/trainer/run/fate.py), at once. Ray's own shutdown after a
    signal prints stack dumps, and its task runner goes on training meanwhile; a kill is safe to resume from, since
    verl names a checkpoint the latest only once it is whole, and the rollouts left behind are the resume's to
    reuse (its step's groups are in the manager's state) or to delete (groups of other steps);
@@ -25,8 +25,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from .config import TrainerSettings
-from .datasets import last_checkpoint
+from services.trainer.config import TrainerSettings
+from services.trainer.rollouts.datasets import last_checkpoint
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 LEDGER_TIMEOUT_S = 10.0
@@ -69,8 +69,7 @@ async def record(ledger_address: str, key: str | None, run_id: str, why: str) ->
     """Marks the run failed with `why` and lifts the pause the run holds: (the last step reported, -1 for a run not
     on record; pause lifted)."""
     from services.client import LedgerClient, NotFound
-
-    from .progress import finish_run
+    from services.trainer.run.progress import finish_run
 
     owner = f"trainer:{run_id}"
     async with LedgerClient(ledger_address, key) as client:
@@ -90,7 +89,7 @@ async def record(ledger_address: str, key: str | None, run_id: str, why: str) ->
 
 def stop(settings: TrainerSettings, sig: signal.Signals, checkpoint_dir: str | Path, out: TextIO) -> int:
     """What the interrupted driver does (the module's docstring); returns the exit code."""
-    from . import fate
+    from services.trainer.run import fate
 
     for other in SIGNALS:
         signal.signal(other, signal.SIG_IGN)

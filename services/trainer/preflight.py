@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from .config import ConfigError
+from services.trainer.config import ConfigError
 
 # verl's data defaults (its ppo_trainer.yaml): gsm8k prompts, not agent tasks.
 VERL_DEFAULT_DATA_DIR = "~/data/rlhf/gsm8k/"

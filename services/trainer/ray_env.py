@@ -18,9 +18,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-# The verl platform plug-in of CPU runs (cpu_platform.py, which imports verl: named here, not imported).
+# The verl platform plug-in of CPU runs (verl/cpu_platform.py, which imports verl: named here, not imported).
 PLATFORM_NAME = "cpu"
-CPU_PLATFORM_MODULE = "services.trainer.cpu_platform"
+CPU_PLATFORM_MODULE = "services.trainer.verl.cpu_platform"
 
 
 def cpu_env() -> dict[str, str]:

@@ -3,9 +3,9 @@
 `run(config)` is what `agl-trainer` / `python -m services.trainer` calls after Hydra. On a GPU machine it is
 verl's own launch. With `trainer.device=cpu` (`placement=cpu`) the same trainer runs verl's
 actor on CPU: the runner declares one logical Ray "GPU" per CPU training rank and hands every Ray process
-the environment that loads services.trainer.cpu_platform.
+the environment that loads services.trainer.verl.cpu_platform.
 
-The driver imports no verl (ray_env.py says why): the task runner's body is task_runner.py, imported inside
+The driver imports no verl (ray_env.py says why): the task runner's body is verl/task_runner.py, imported inside
 the actor.
 """
 
@@ -19,11 +19,11 @@ from typing import Any
 import ray
 from omegaconf import OmegaConf, open_dict
 
-from . import interruption
-from .config import ConfigError, TrainerSettings, settings_from_config
-from .fate import kill_failed_start, share_fate
-from .preflight import check_config
-from .ray_env import cpu_env, ray_init_kwargs, set_run_switches
+from services.trainer import interruption
+from services.trainer.config import ConfigError, TrainerSettings, settings_from_config
+from services.trainer.preflight import check_config
+from services.trainer.ray_env import cpu_env, ray_init_kwargs, set_run_switches
+from services.trainer.run.fate import kill_failed_start, share_fate
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 class AglTaskRunner:
     def run(self, config: Any) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        from .task_runner import TaskRunner
+        from services.trainer.verl.task_runner import TaskRunner
 
         TaskRunner().run(config)
 
@@ -166,8 +166,7 @@ def check_engines(settings: TrainerSettings) -> None:
     import asyncio
 
     from services.client import LedgerClient, LedgerError
-
-    from .engine_push import EnginePushError, registered_endpoints
+    from services.trainer.run.engine_push import EnginePushError, registered_endpoints
 
     async def check() -> None:
         async with LedgerClient(settings.ledger_address, settings.key) as client:
@@ -199,7 +198,7 @@ def run(config: Any) -> None:
     if joining:
         join_cluster(config)
     else:
-        # The cluster ray.init starts is this driver's: it goes when the driver goes (services/trainer/fate.py).
+        # The cluster ray.init starts is this driver's: it goes when the driver goes (services/trainer/run/fate.py).
         started = share_fate()
         watchdog = started.pid if started is not None else None
     # ray.init sets its own SIGTERM handler (sys.exit, which Ray's ray.get turns into a SystemError and a stack

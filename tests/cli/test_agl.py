@@ -8,7 +8,7 @@ import subprocess
 
 from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
 from services.client import LedgerClient
-from services.trainer import progress
+from services.trainer.run import progress
 from tests.support.procs import free_port
 
 from .conftest import AGL, KEY, run_agl

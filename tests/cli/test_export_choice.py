@@ -13,7 +13,7 @@ import pytest
 from services.cli.errors import CliError
 from services.cli.train.checks import check_same_family
 from services.cli.train.export import choose_weights, weight_files
-from services.trainer.best import BestWeights
+from services.trainer.run.best import BestWeights
 
 REWARD = "val/agl/reward_mean"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from services.client import LedgerClient
-from services.trainer import progress
-from services.trainer.guardrails import DEFAULT_LIMITS, Guardrails
+from services.trainer.data.guardrails import DEFAULT_LIMITS, Guardrails
+from services.trainer.run import progress
 
 from .conftest import KEY, run_agl
 

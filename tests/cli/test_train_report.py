@@ -7,7 +7,8 @@ import logging
 from pathlib import Path
 
 from services.cli.train import report
-from services.trainer import guardrails, health
+from services.trainer.data import guardrails
+from services.trainer.data import step_health as health
 
 
 def _step(step: int, **data: float) -> dict:
@@ -78,7 +79,7 @@ def test_a_step_line_names_its_health_warnings_from_the_trainer_log(tmp_path: Pa
     """The warnings the trainer's guardrails log (with the trainer's log format) are named on their step's line."""
     log_path = tmp_path / "trainer.log"
     log_path.write_text(
-        "2026-01-01 00:00:00,000 WARNING services.trainer.guardrails: health warning: step 5: "
+        "2026-01-01 00:00:00,000 WARNING services.trainer.data.guardrails: health warning: step 5: "
         "agl/health/failed_calls=0.5 (1 of 2) over the warning limit 0.05\n"
     )  # an earlier launch's
     warnings = report.TrainerWarnings(log_path)

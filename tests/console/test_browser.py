@@ -12,7 +12,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
 from services.client import LedgerClient
-from services.trainer import progress
+from services.trainer.run import progress
 
 from .conftest import KEY, VIEWER_KEY
 
@@ -53,7 +53,7 @@ def reward(rollout_id: str, value: float) -> event_pb2.Event:
 
 
 def training_rows(rollout_id: str, step: int, reward_value: float, advantage: float) -> event_pb2.Event:
-    """The trainer's record of what it made of a rollout (services/trainer/row_records.py), rows left out."""
+    """The trainer's record of what it made of a rollout (services/trainer/data/row_records.py), rows left out."""
     data = {"step": step, "reward": reward_value, "advantage": advantage, "kept": True, "left_out": "", "rows": []}
     return event_pb2.Event(rollout_id=rollout_id, event_type="agl_training_rows", data_json=json.dumps(data))
 

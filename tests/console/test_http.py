@@ -21,7 +21,7 @@ import pytest
 from services._gen.agl.v1 import event_pb2, rollout_pb2
 from services.client import LedgerClient
 from services.console.config import parse_args
-from services.trainer import progress
+from services.trainer.run import progress
 from tests.support.procs import free_port
 
 from .conftest import KEY, wait_http

@@ -15,13 +15,14 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from services._gen.agl.v1 import event_pb2, rollout_pb2
 from services.client import LedgerClient
-from services.trainer import health, progress
-from services.trainer.adapter import DataPathSettings, build_training_batch
-from services.trainer.aggregation import AggregationLevel
-from services.trainer.guardrails import DEFAULT_LIMITS, Guardrails
-from services.trainer.infra_policy import InfraSettings, select
-from services.trainer.row_records import flags_by_rollout, row_events, row_records
-from services.trainer.triplets import trace_from_events
+from services.trainer.data import step_health as health
+from services.trainer.data.adapter import DataPathSettings, build_training_batch
+from services.trainer.data.aggregation import AggregationLevel
+from services.trainer.data.guardrails import DEFAULT_LIMITS, Guardrails
+from services.trainer.data.infra_policy import InfraSettings, select
+from services.trainer.data.row_records import flags_by_rollout, row_events, row_records
+from services.trainer.data.triplets import trace_from_events
+from services.trainer.run import progress
 
 from .conftest import KEY
 from .test_browser import sign_in

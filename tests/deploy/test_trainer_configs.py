@@ -41,8 +41,8 @@ def _settings(monkeypatch: pytest.MonkeyPatch, agent: str, *overrides: str):
 def test_example_config_composes_into_valid_trainer_settings(
     monkeypatch: pytest.MonkeyPatch, agent: str, agent_class: str, level: str
 ) -> None:
-    from services.trainer.datasets import load_samples
-    from services.trainer.specs import LaunchSettings
+    from services.trainer.rollouts.datasets import load_samples
+    from services.trainer.rollouts.specs import LaunchSettings
 
     cfg, settings = _settings(monkeypatch, agent)
     launch: LaunchSettings = settings.manager.launch

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from examples.math_agent.agent import MathAgent
 from services._gen.agl.v1 import rollout_pb2
-from services.trainer.feed import TerminalFeed
-from services.trainer.specs import LABEL_RUN
-from services.trainer.state import ManagerState
+from services.trainer.rollouts.feed import TerminalFeed
+from services.trainer.rollouts.specs import LABEL_RUN
+from services.trainer.rollouts.state import ManagerState
 from tests.e2e.conftest import TASK_ENV, Stack, spec
 
 SUCCEEDED = rollout_pb2.ROLLOUT_STATE_SUCCEEDED

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from services.client import LedgerClient
-from services.trainer.drain import ProxyDrainer, is_drained
+from services.trainer.run.drain import ProxyDrainer, is_drained
 from tests.support.procs import start_ledger
 
 KEY = "model-pause-key"

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from services.client import LedgerClient
-from services.trainer.drain import ProxyDrainer
+from services.trainer.run.drain import ProxyDrainer
 from tests.support.procs import start_ledger
 
 KEY = "pause-lease-key"

@@ -1,4 +1,4 @@
-"""services.trainer.progress, the trainer's side of training progress, against the real ledger."""
+"""services.trainer.run.progress, the trainer's side of training progress, against the real ledger."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 
 from services._gen.agl.v1 import run_pb2
 from services.client import LedgerClient
-from services.trainer import progress
+from services.trainer.run import progress
 
 
 async def test_start_report_finish_and_reopen(ledger_proc, uid):

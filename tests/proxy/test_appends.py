@@ -11,7 +11,7 @@ from pathlib import Path
 from services._gen.agl.v1 import event_pb2, rollout_pb2
 from services.client import LedgerClient, RetryPolicy
 from services.proxy.errors import ProxyError
-from services.proxy.gateway import LedgerGateway
+from services.proxy.fleet.ledger_gateway import LedgerGateway
 from tests.support.procs import free_port, start_ledger
 
 from .conftest import KEY, new_rollout

@@ -7,11 +7,20 @@ from __future__ import annotations
 import json
 from array import array
 
-from services.proxy import anthropic_messages, openai_responses
-from services.proxy.capture import StreamAssembler, capture_response
-from services.proxy.continuation import Splice, TokenHistory, Turn, align, boundary, common_prefix, json_equal, splice
-from services.proxy.rewrite import CHAT
-from services.proxy.token_continuation import stream_chunks
+from services.proxy.call.capture import StreamAssembler, capture_response
+from services.proxy.call.continuation import stream_chunks
+from services.proxy.call.rewrite import CHAT
+from services.proxy.call.token_history import (
+    Splice,
+    TokenHistory,
+    Turn,
+    align,
+    boundary,
+    common_prefix,
+    json_equal,
+    splice,
+)
+from services.proxy.dialects import anthropic_messages, openai_responses
 
 # Token id -> text. 1..3 are special tokens; 12 is the canonical token for "12", which the model may also sample as
 # "1" "2"; 9 is a stop token ("</call>") that an answer's text leaves out.

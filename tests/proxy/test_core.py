@@ -10,13 +10,13 @@ import pytest
 from services._gen.agl.v1 import event_pb2
 from services.client import RetryPolicy, agent_token
 from services.proxy.auth import Authorizer, presented_key
-from services.proxy.capture import StreamAssembler, capture_response
+from services.proxy.call.capture import StreamAssembler, capture_response
+from services.proxy.call.rewrite import CHAT, COMPLETIONS, RewriteSettings, parse_body, rewrite, validate
+from services.proxy.call.sse import DONE, SSESplitter
+from services.proxy.engines.retry import parse_retry_after, retryable_status
+from services.proxy.engines.routing import Endpoint, RoutingTable
 from services.proxy.errors import ERROR_TABLE, ProxyError, ledger_error
-from services.proxy.recording import agent_event
-from services.proxy.retry import parse_retry_after, retryable_status
-from services.proxy.rewrite import CHAT, COMPLETIONS, RewriteSettings, parse_body, rewrite, validate
-from services.proxy.routing import Endpoint, RoutingTable
-from services.proxy.sse import DONE, SSESplitter
+from services.proxy.events.agent_events import agent_event
 from services.standin.engine import full_body, generate_chat, generate_completion, stream_chunks
 from services.standin.tokenizer import ToyTokenizer, token_logprob
 

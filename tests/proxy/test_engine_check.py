@@ -1,5 +1,5 @@
 """The proxy reads each engine's own weight label and holds back one that disagrees with the registry (restarted
-from its base model) or refuses connections, until it agrees again (services/proxy/engine_check.py, issue 29).
+from its base model) or refuses connections, until it agrees again (services/proxy/engines/weight_check.py, issue 29).
 
 Real ledger, real proxy, stand-in engines serving vLLM's dev-mode label routes (`--weight-version`)."""
 
@@ -15,8 +15,8 @@ import pytest
 
 from services._gen.agl.v1 import model_pb2
 from services.client import LedgerClient
-from services.proxy.engine_check import label_verdict
-from services.proxy.routing import Endpoint, RoutingTable
+from services.proxy.engines.routing import Endpoint, RoutingTable
+from services.proxy.engines.weight_check import label_verdict
 from tests.support.procs import ServiceProcess, free_port
 
 from .conftest import AUTH, MODEL, Http, base_url, new_rollout, run_proxy, run_standin

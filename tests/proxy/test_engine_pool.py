@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from services.client import RetryPolicy
-from services.proxy.engine_pool import EnginePool
-from services.proxy.routing import Endpoint
-from services.proxy.upstream import Upstream
+from services.proxy.engines.pool import EnginePool
+from services.proxy.engines.routing import Endpoint
+from services.proxy.engines.upstream import Upstream
 
 
 @dataclass

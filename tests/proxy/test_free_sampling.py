@@ -11,7 +11,7 @@ import anthropic
 import httpx
 import openai
 
-from services.proxy.free_sampling import free_sampling
+from services.proxy.call.free_sampling import free_sampling
 
 from .conftest import AUTH, KEY, Http, base_url, engine_requests, new_rollout
 from .test_messages_api import recorded_calls

@@ -16,8 +16,8 @@ import pytest
 
 from services._gen.agl.v1 import model_pb2, rollout_pb2
 from services.client import LedgerClient
-from services.proxy.model_routes import MODEL_LABEL, ModelRoutes
-from services.proxy.routing import Endpoint
+from services.proxy.engines.model_tables import MODEL_LABEL, ModelRoutes
+from services.proxy.engines.routing import Endpoint
 from tests.support.procs import ServiceProcess
 
 from .conftest import AUTH, MODEL, Http, base_url, run_proxy, run_standin

@@ -13,7 +13,7 @@ import pytest
 
 from services._gen.agl.v1 import event_pb2, model_pb2
 from services.client import LedgerClient
-from services.proxy.routing import Endpoint, RoutingTable
+from services.proxy.engines.routing import Endpoint, RoutingTable
 from tests.support.procs import ServiceProcess, free_port
 
 from .conftest import AUTH, MODEL, Http, base_url, new_rollout, run_proxy, run_standin

@@ -7,7 +7,7 @@ import json
 
 import httpx
 
-from services.proxy.tool_calls import missing_parser_message, offered_tool_names, tool_call_stats
+from services.proxy.call.tool_calls import missing_parser_message, offered_tool_names, tool_call_stats
 
 from .conftest import AUTH, MODEL, Http, base_url, new_rollout
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.proxy import anthropic_messages, openai_responses, responses_tools
+from services.proxy.dialects import anthropic_messages, openai_responses, responses_tools
 from services.proxy.errors import ProxyError
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from services._gen.agl.v1 import event_pb2, rollout_pb2
 from services.client import LedgerClient
-from services.trainer.specs import LABEL_RUN
+from services.trainer.rollouts.specs import LABEL_RUN
 
 RUNNING = rollout_pb2.ROLLOUT_STATE_RUNNING
 SUCCEEDED = rollout_pb2.ROLLOUT_STATE_SUCCEEDED

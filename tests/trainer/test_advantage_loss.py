@@ -13,18 +13,18 @@ from omegaconf import OmegaConf
 from verl import DataProto
 from verl.trainer.ppo import core_algos
 
-from services.trainer.adapter import DataPathSettings, build_training_batch
-from services.trainer.advantage import InconsistentRolloutError, rollout_advantages, zero_variance_groups
-from services.trainer.aggregation import Row
-from services.trainer.alignment import align_rows
-from services.trainer.loss import (
+from services.trainer.data.adapter import DataPathSettings, build_training_batch
+from services.trainer.data.advantage import InconsistentRolloutError, rollout_advantages, zero_variance_groups
+from services.trainer.data.aggregation import Row
+from services.trainer.data.alignment import align_rows
+from services.trainer.data.loss import (
     IS_WEIGHTS_KEY,
     PER_ROLLOUT_MEAN,
     ROW_WEIGHTS_KEY,
     apply_row_weights,
     per_rollout_token_weights,
 )
-from services.trainer.triplets import trace_from_events
+from services.trainer.data.triplets import trace_from_events
 
 from .events import call, reward
 

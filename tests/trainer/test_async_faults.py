@@ -4,7 +4,7 @@ every step:
 1. kill -9 of the engine while step 2's rollouts run, restarted on its port from its base model (as compose's
    `restart: unless-stopped` does): the proxy holds it back, the trainer catches it up, the agents wait;
 2. kill -9 of the trainer's process group during step 3's update, with step 4's groups in flight: the same command
-   again rewinds the ledger to the last checkpoint (services/trainer/rewind.py) and finishes the run.
+   again rewinds the ledger to the last checkpoint (services/trainer/rollouts/rewind.py) and finishes the run.
 What has to hold is read from the ledger and the run's files: each step reported once on its 8 rollouts, no rollout
 in two steps, each task's 4 rollouts in one step, nothing left queuing or running, no pause left, the restarted
 engine at the last push."""

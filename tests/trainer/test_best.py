@@ -1,4 +1,4 @@
-"""The best validated weights kept beside the last (services/trainer/best.py), as the trainer drives it: a weights
+"""The best validated weights kept beside the last (services/trainer/run/best.py), as the trainer drives it: a weights
 file replaced after every update, validations that rise, tie and fall, a resume that does later steps again."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.trainer.best import ADAPTER, RECORD, BestWeights, read_best
+from services.trainer.run.best import ADAPTER, RECORD, BestWeights, read_best
 
 REWARD = "val/agl/reward_mean"
 

@@ -15,12 +15,12 @@ from hydra import compose, initialize_config_dir
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
 
-from services.trainer.adapter import DataPathSettings, build_training_batch
-from services.trainer.batch import MISSING_ROLLOUT_LOG_PROBS_KEY
 from services.trainer.config import CONFIG_DIR, CONFIG_NAME
-from services.trainer.correction import apply_rollout_correction
-from services.trainer.loss import IS_WEIGHTS_KEY, PER_ROLLOUT_MEAN, ROW_WEIGHTS_KEY, apply_row_weights
-from services.trainer.triplets import trace_from_events
+from services.trainer.data.adapter import DataPathSettings, build_training_batch
+from services.trainer.data.batch import MISSING_ROLLOUT_LOG_PROBS_KEY
+from services.trainer.data.loss import IS_WEIGHTS_KEY, PER_ROLLOUT_MEAN, ROW_WEIGHTS_KEY, apply_row_weights
+from services.trainer.data.triplets import trace_from_events
+from services.trainer.verl.correction import apply_rollout_correction
 
 from .events import call, reward
 

@@ -1,4 +1,4 @@
-"""services.trainer.cpu_platform against the installed verl: the extension points it uses still exist, and
+"""services.trainer.verl.cpu_platform against the installed verl: the extension points it uses still exist, and
 its one patch still matches the function it wraps (the test fails if verl moves; the module pins 0.9.1)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def test_verl_version_and_patched_function_are_what_the_module_was_written_again
     import verl
     import verl.utils.distributed as distributed
 
-    from services.trainer.cpu_platform import VERL_VERSION
+    from services.trainer.verl.cpu_platform import VERL_VERSION
 
     assert verl.__version__ == VERL_VERSION
     original = distributed.initialize_global_process_group_ray
@@ -30,7 +30,7 @@ def test_verl_version_and_patched_function_are_what_the_module_was_written_again
 
 
 def run_in_cpu_platform(code: str) -> str:
-    env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "services.trainer.cpu_platform", "VERL_PLATFORM": "cpu"}
+    env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "services.trainer.verl.cpu_platform", "VERL_PLATFORM": "cpu"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip().splitlines()[-1]
@@ -63,7 +63,7 @@ def test_a_process_group_comes_up_on_gloo() -> None:
 
 
 def test_the_platform_is_never_picked_without_verl_platform() -> None:
-    code = "import services.trainer.cpu_platform as p\nprint(p.CpuPlatform().is_platform_available(True))\n"
+    code = "import services.trainer.verl.cpu_platform as p\nprint(p.CpuPlatform().is_platform_available(True))\n"
     env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

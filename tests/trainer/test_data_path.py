@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from services._gen.agl.v1 import event_pb2
-from services.trainer.adapter import DataPathSettings, build_training_batch
-from services.trainer.aggregation import rows_from_trace
-from services.trainer.batch import MISSING_ROLLOUT_LOG_PROBS_KEY
-from services.trainer.triplets import trace_from_events
+from services.trainer.data.adapter import DataPathSettings, build_training_batch
+from services.trainer.data.aggregation import rows_from_trace
+from services.trainer.data.batch import MISSING_ROLLOUT_LOG_PROBS_KEY
+from services.trainer.data.triplets import trace_from_events
 
 from .events import call, reward
 

@@ -11,8 +11,8 @@ from hydra import compose, initialize_config_dir
 
 from services.client import LedgerClient
 from services.trainer.config import CONFIG_DIR, CONFIG_NAME, ConfigError, settings_from_config
-from services.trainer.datasets import TaskLoader, load_samples
-from services.trainer.drain import ProxyDrainer
+from services.trainer.rollouts.datasets import TaskLoader, load_samples
+from services.trainer.run.drain import ProxyDrainer
 from tests.support.procs import start_ledger
 
 pytestmark = pytest.mark.trainer
@@ -66,7 +66,7 @@ def test_hydra_config_composes_ours_over_verls_without_a_gpu(tmp_path: Path) -> 
     )
     # verl's own tree is there, with our overrides on top.
     assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "per_rollout_mean"
-    assert cfg.actor_rollout_ref.model.external_lib == "services.trainer.loss"
+    assert cfg.actor_rollout_ref.model.external_lib == "services.trainer.data.loss"
     assert cfg.algorithm.adv_estimator == "grpo"
     assert cfg.actor_rollout_ref.actor.clip_ratio == 0.2  # untouched verl default
     assert cfg.trainer.experiment_name == "exp1"

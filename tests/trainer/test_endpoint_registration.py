@@ -6,7 +6,7 @@ from pathlib import Path
 
 from services._gen.agl.v1 import model_pb2
 from services.client import LedgerClient
-from services.trainer.manager import ManagerSettings, RolloutManager
+from services.trainer.rollouts.manager import ManagerSettings, RolloutManager
 from tests.support.procs import ServiceProcess
 
 

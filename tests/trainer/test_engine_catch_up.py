@@ -10,7 +10,7 @@ from pathlib import Path
 
 from services._gen.agl.v1 import model_pb2
 from services.client import LedgerClient
-from services.trainer.engine_push import catch_up, push_weights
+from services.trainer.run.engine_push import catch_up, push_weights
 from tests.support.engine import Engine, chat, reference_logprobs, write_perturbed_weights
 from tests.support.procs import free_port, start_ledger
 

@@ -22,12 +22,12 @@ import pytest
 from deploy import local_stack
 from services._gen.agl.v1 import model_pb2
 from services.client import LedgerClient
-from services.trainer import health as h
-from services.trainer.adapter import DataPathSettings, build_training_batch
-from services.trainer.guardrails import DEFAULT_LIMITS, Limit, all_failed_line, evaluate
-from services.trainer.infra_policy import InfraSettings, Policy, select
-from services.trainer.manager import ManagerSettings, RolloutManager, StepResult
-from services.trainer.specs import LaunchSettings, Sample
+from services.trainer.data import step_health as h
+from services.trainer.data.adapter import DataPathSettings, build_training_batch
+from services.trainer.data.guardrails import DEFAULT_LIMITS, Limit, all_failed_line, evaluate
+from services.trainer.data.infra_policy import InfraSettings, Policy, select
+from services.trainer.rollouts.manager import ManagerSettings, RolloutManager, StepResult
+from services.trainer.rollouts.specs import LaunchSettings, Sample
 
 pytestmark = pytest.mark.timeout(300)
 

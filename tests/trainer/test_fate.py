@@ -1,4 +1,4 @@
-"""services/trainer/fate.py: what a trainer's driver started dies with it, however the driver dies; nothing else."""
+"""services/trainer/run/fate.py: what a trainer's driver started dies with it, however the driver dies; nothing else."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from services.trainer import fate
+from services.trainer.run import fate
 
 # A driver as agl-trainer's: it shares its fate, then starts processes the way Ray does (its head processes, a
 # worker in a session of its own that starts a child of its own, a raylet-like helper whose own child shows no
 # token, as Ray's agents do once setproctitle has written over their environment), prints their pids and waits.
 DRIVER = """
 import os, subprocess, sys, time
-from services.trainer.fate import share_fate
+from services.trainer.run.fate import share_fate
 watchdog = share_fate()
 sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
 head = subprocess.Popen(sleeper)
@@ -136,7 +136,7 @@ def test_a_recorded_process_is_known_by_its_start_time_not_its_pid_alone() -> No
 # still running (a Ray worker on its way out), and one that kill -9 ends in the same state.
 LEAVING_DRIVER = """
 import os, signal, subprocess, sys
-from services.trainer.fate import share_fate
+from services.trainer.run.fate import share_fate
 watchdog = share_fate()
 lingerer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 print(watchdog.pid, lingerer.pid, flush=True)
@@ -171,7 +171,7 @@ def test_what_is_left_is_stopped_and_only_a_dead_drivers_cluster_is_reported(how
 # watchdog, the driver's child too, is spared (its pipe is the driver's fate).
 FAILED_START_DRIVER = """
 import subprocess, sys, time
-from services.trainer.fate import kill_failed_start, share_fate
+from services.trainer.run.fate import kill_failed_start, share_fate
 watchdog = share_fate()
 gcs = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 time.sleep(0.5)

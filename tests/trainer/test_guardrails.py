@@ -7,9 +7,9 @@ import logging
 import pytest
 from hydra import compose, initialize_config_dir
 
-from services.trainer import health as h
 from services.trainer.config import CONFIG_DIR, CONFIG_NAME, ConfigError, settings_from_config
-from services.trainer.guardrails import (
+from services.trainer.data import step_health as h
+from services.trainer.data.guardrails import (
     DEFAULT_LIMITS,
     Guardrails,
     HealthStop,
@@ -18,8 +18,8 @@ from services.trainer.guardrails import (
     evaluate,
     parse_limits,
 )
-from services.trainer.infra_policy import Policy
-from services.trainer.triplets import RolloutTrace
+from services.trainer.data.infra_policy import Policy
+from services.trainer.data.triplets import RolloutTrace
 
 
 def step_health(**shares: tuple[float, float, list[str]]) -> h.StepHealth:
@@ -43,7 +43,7 @@ def test_a_value_over_the_stop_limit_gives_one_line_with_metric_value_limit_and_
 def test_between_the_limits_is_a_warning_line_and_at_a_limit_is_nothing(caplog: pytest.LogCaptureFixture) -> None:
     guard = Guardrails(DEFAULT_LIMITS)
     warn = step_health(rollouts_without_calls=(1, 4, ["r1"]), failed_calls=(1, 20, ["r2"]))  # 0.25 and 0.05
-    with caplog.at_level(logging.WARNING, logger="services.trainer.guardrails"):
+    with caplog.at_level(logging.WARNING, logger="services.trainer.data.guardrails"):
         assert guard.enforce(1, warn, h.TRACE_NAMES) == 1
     assert [r.getMessage() for r in caplog.records] == [
         "health warning: step 1: agl/health/rollouts_without_calls=0.25 (1 of 4) over the warning limit 0.1; "
@@ -64,7 +64,7 @@ def test_stops_come_before_warnings_and_values_without_a_share_have_no_amount() 
 def test_a_share_over_too_few_items_warns_instead_of_stopping(caplog: pytest.LogCaptureFixture) -> None:
     few = step_health(bad_tool_calls=(4, 4, ["t0", "t1"]))
     guard = Guardrails(DEFAULT_LIMITS, min_count=8)
-    with caplog.at_level(logging.WARNING, logger="services.trainer.guardrails"):
+    with caplog.at_level(logging.WARNING, logger="services.trainer.data.guardrails"):
         assert guard.enforce(3, few, [h.BAD_TOOL_CALLS]) == 1
     assert caplog.records[0].getMessage() == (
         "health warning: step 3: agl/health/bad_tool_calls=1 (4 of 4) over the stop limit 0.9, but only 4 counted "
@@ -187,8 +187,8 @@ def test_the_guardrail_cores_import_neither_grpc_nor_ray() -> None:
 
     code = (
         "import sys\n"
-        "import services.trainer.guardrails, services.trainer.health, services.trainer.infra_policy\n"
-        "import services.trainer.row_records\n"
+        "import services.trainer.data.guardrails, services.trainer.data.step_health\n"
+        "import services.trainer.data.infra_policy, services.trainer.data.row_records\n"
         "print(sorted(m for m in ('grpc', 'ray', 'torch', 'verl') if m in sys.modules))\n"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

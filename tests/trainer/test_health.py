@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections import Counter
 
 from services._gen.agl.v1 import event_pb2
-from services.trainer import health as h
-from services.trainer.adapter import DataPathSettings, build_training_batch
-from services.trainer.aggregation import AggregationLevel
-from services.trainer.triplets import trace_from_events
+from services.trainer.data import step_health as h
+from services.trainer.data.adapter import DataPathSettings, build_training_batch
+from services.trainer.data.aggregation import AggregationLevel
+from services.trainer.data.triplets import trace_from_events
 
 OK = event_pb2.MODEL_REQUEST_STATUS_OK
 

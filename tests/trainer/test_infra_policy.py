@@ -6,10 +6,10 @@ from collections import Counter
 
 import pytest
 
-from services.trainer.adapter import DataPathSettings, build_rows
-from services.trainer.advantage import rollout_advantages
-from services.trainer.infra_policy import InfraSettings, Policy, select, wholly_lost
-from services.trainer.triplets import RolloutTrace, Triplet
+from services.trainer.data.adapter import DataPathSettings, build_rows
+from services.trainer.data.advantage import rollout_advantages
+from services.trainer.data.infra_policy import InfraSettings, Policy, select, wholly_lost
+from services.trainer.data.triplets import RolloutTrace, Triplet
 
 
 def trace(rid: str, group: str, reward: float, *, reason: str = "", attempts: int = 1) -> RolloutTrace:
@@ -115,7 +115,7 @@ def test_an_agent_that_failed_on_its_engines_failure_is_an_infrastructure_failur
     from collections import Counter as Counts
 
     from services._gen.agl.v1 import event_pb2
-    from services.trainer.triplets import trace_from_events
+    from services.trainer.data.triplets import trace_from_events
     from tests.trainer.events import call, reward
 
     error = event_pb2.MODEL_REQUEST_STATUS_ERROR

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from services._gen.agl.v1 import run_pb2
 from services.client import LedgerClient
-from services.trainer.datasets import last_checkpoint
 from services.trainer.interruption import record
+from services.trainer.rollouts.datasets import last_checkpoint
 from tests.support.procs import ServiceProcess
 
 

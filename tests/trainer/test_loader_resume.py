@@ -11,8 +11,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from services.trainer.config import CONFIG_DIR, CONFIG_NAME
-from services.trainer.datasets import TaskLoader
-from services.trainer.specs import Sample
+from services.trainer.rollouts.datasets import TaskLoader
+from services.trainer.rollouts.specs import Sample
 
 # Import-time warnings of verl's optional engines (torchtitan absent) and of ray's state API move.
 with warnings.catch_warnings():

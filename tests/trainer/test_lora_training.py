@@ -26,8 +26,8 @@ from deploy import local_stack
 from services._gen.agl.v1 import model_pb2
 from services.cli.train.lora import write_start_adapter
 from services.engine.control import adapter_label
-from services.proxy.model_routes import MODEL_LABEL
-from services.trainer.engine_push import EnginePushError, Weights, catch_up, push_weights
+from services.proxy.engines.model_tables import MODEL_LABEL
+from services.trainer.run.engine_push import EnginePushError, Weights, catch_up, push_weights
 from tests.support.engine import (
     Engine,
     adapter_reference_logprobs,

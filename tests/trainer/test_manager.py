@@ -10,10 +10,10 @@ import grpc
 import pytest
 
 from services.client import LedgerClient
-from services.trainer.hooks import load_hooks
-from services.trainer.manager import ManagerSettings, RolloutManager
-from services.trainer.specs import LABEL_GROUP, LABEL_RUN, LABEL_STEP, LaunchSettings, Sample, build_specs
-from services.trainer.state import load_state
+from services.trainer.rollouts.hooks import load_hooks
+from services.trainer.rollouts.manager import ManagerSettings, RolloutManager
+from services.trainer.rollouts.specs import LABEL_GROUP, LABEL_RUN, LABEL_STEP, LaunchSettings, Sample, build_specs
+from services.trainer.rollouts.state import load_state
 from tests.support.procs import ServiceProcess, free_port, start_ledger
 
 from .driver import finish, wait_rollouts
@@ -218,7 +218,7 @@ async def test_hooks_rewrite_requests_and_add_events(ledger: ServiceProcess, run
 
 
 async def test_hook_events_reach_the_ledger(ledger: ServiceProcess, run_id: str, tmp_path: Path) -> None:
-    from services.trainer.hooks import on_finished
+    from services.trainer.rollouts.hooks import on_finished
 
     path = tmp_path / "hooks.py"
     path.write_text(HOOKS)

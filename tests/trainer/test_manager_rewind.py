@@ -1,4 +1,4 @@
-"""A trainer resumed from a checkpoint older than its manager's last state (services/trainer/rewind.py), against
+"""A trainer resumed from a checkpoint older than its manager's last state (trainer/rollouts/rewind.py), against
 the real ledger; a background driver finishes every rollout as it appears (controller + agent)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 
 from services._gen.agl.v1 import rollout_pb2
 from services.client import LedgerClient, LedgerError
-from services.trainer.datasets import TaskLoader
-from services.trainer.manager import RolloutManager, StepResult
-from services.trainer.specs import LABEL_RUN, Sample
+from services.trainer.rollouts.datasets import TaskLoader
+from services.trainer.rollouts.manager import RolloutManager, StepResult
+from services.trainer.rollouts.specs import LABEL_RUN, Sample
 from tests.support.procs import ServiceProcess
 
 from .driver import finish

@@ -17,9 +17,9 @@ from hydra import compose, initialize_config_dir
 from verl.utils import tensordict_utils as tu
 from verl.workers.utils.padding import left_right_2_no_padding
 
-from services.trainer.adapter import build_training_batch
 from services.trainer.config import CONFIG_DIR, CONFIG_NAME, settings_from_config
-from services.trainer.triplets import trace_from_events
+from services.trainer.data.adapter import build_training_batch
+from services.trainer.data.triplets import trace_from_events
 
 from .events import call, reward
 

@@ -17,12 +17,12 @@ from examples.calc_agent.agent import CALCULATOR_TOOL, SYSTEM_PROMPT
 from examples.calc_agent.tasks import tool_call_text
 from services._gen.agl.v1 import event_pb2
 from services.engine.tiny_model import EOS_TOKEN, REASONING_STRIPPING_CHAT_TEMPLATE, TOOL_CALL_END, build_tokenizer
-from services.trainer.adapter import DataPathSettings, build_training_batch
-from services.trainer.advantage import rollout_advantages
-from services.trainer.aggregation import TRAJECTORY_BREAKS, rows_from_trace
-from services.trainer.loss import ROW_WEIGHTS_KEY
-from services.trainer.trace_stats import row_metrics, trace_metrics
-from services.trainer.triplets import trace_from_events
+from services.trainer.data.adapter import DataPathSettings, build_training_batch
+from services.trainer.data.advantage import rollout_advantages
+from services.trainer.data.aggregation import TRAJECTORY_BREAKS, rows_from_trace
+from services.trainer.data.loss import ROW_WEIGHTS_KEY
+from services.trainer.data.trace_stats import row_metrics, trace_metrics
+from services.trainer.data.triplets import trace_from_events
 from tests.trainer.events import call, reward
 
 QUESTION = "What is 37 * 84?"

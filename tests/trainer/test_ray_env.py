@@ -86,7 +86,7 @@ def test_the_driver_composes_its_config_and_launches_without_importing_verl_or_t
     # What agl-trainer's driver imports on its way to ray.init (__main__, the runner and the checks it calls).
     code = (
         "import sys\n"
-        "import services.trainer.__main__, services.trainer.runner, services.trainer.engine_push\n"
+        "import services.trainer.__main__, services.trainer.runner, services.trainer.run.engine_push\n"
         "from services.trainer.config import CONFIG_DIR, CONFIG_NAME\n"
         "from hydra import compose, initialize_config_dir\n"
         "with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):\n"
@@ -103,7 +103,7 @@ def test_the_driver_composes_its_config_and_launches_without_importing_verl_or_t
 def test_the_cpu_platform_module_is_the_one_the_environment_names() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from services.trainer import cpu_platform
+        from services.trainer.verl import cpu_platform
 
     assert cpu_platform.__name__ == ray_env.CPU_PLATFORM_MODULE
     assert ray_env.cpu_env()["VERL_USE_EXTERNAL_MODULES"] == cpu_platform.__name__

@@ -10,10 +10,10 @@ import pytest
 
 from services._gen.agl.v1 import rollout_pb2
 from services.client import LedgerClient
-from services.trainer.manager import ManagerSettings, RolloutManager, StepResult
-from services.trainer.retention import expired
-from services.trainer.specs import LABEL_RUN, LABEL_STEP, LaunchSettings, Sample, build_specs
-from services.trainer.state import load_state
+from services.trainer.rollouts.manager import ManagerSettings, RolloutManager, StepResult
+from services.trainer.rollouts.retention import expired
+from services.trainer.rollouts.specs import LABEL_RUN, LABEL_STEP, LaunchSettings, Sample, build_specs
+from services.trainer.rollouts.state import load_state
 from tests.support.procs import ServiceProcess
 
 from .driver import finish

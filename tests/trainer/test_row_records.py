@@ -7,11 +7,11 @@ import json
 from collections import Counter
 
 from services.console.training import training_records
-from services.trainer.adapter import DataPathSettings, build_training_batch
-from services.trainer.aggregation import AggregationLevel
-from services.trainer.infra_policy import InfraSettings, select
-from services.trainer.row_records import EVENT_TYPE, event_chunks, flags_by_rollout, row_events, row_records
-from services.trainer.triplets import RolloutTrace, Triplet
+from services.trainer.data.adapter import DataPathSettings, build_training_batch
+from services.trainer.data.aggregation import AggregationLevel
+from services.trainer.data.infra_policy import InfraSettings, select
+from services.trainer.data.row_records import EVENT_TYPE, event_chunks, flags_by_rollout, row_events, row_records
+from services.trainer.data.triplets import RolloutTrace, Triplet
 
 
 def test_a_multi_turn_rollout_with_a_break_and_a_killed_sibling() -> None:

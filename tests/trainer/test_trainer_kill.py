@@ -71,7 +71,7 @@ def test_kill_9_at_three_points_of_a_step_then_the_same_command_finishes_the_run
     killed_at = kill_when(trainer.start(), lambda: 2 in logged_steps(out), "step 2's update", trainer.log, group=True)
     gone_after(out, killed_at)
     assert checkpointed(out) == 1 and 2 not in asyncio.run(reported_steps(stack)), trainer.log()
-    # It had gone back to the checkpoint's rollout state first (services/trainer/rewind.py).
+    # It had gone back to the checkpoint's rollout state first (services/trainer/rollouts/rewind.py).
     assert "rewound to the checkpoint of step 1" in trainer.log(whole=True)
 
     # 3. Killed once step 3 is reported: before its checkpoint, or just after it (whichever the 50 ms poll hits).

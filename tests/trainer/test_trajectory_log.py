@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from services._gen.agl.v1 import event_pb2
-from services.trainer.trajectory_log import trajectory_records
-from services.trainer.triplets import RolloutTrace, Triplet, call_text
+from services.trainer.data.triplets import RolloutTrace, Triplet, call_text
+from services.trainer.run.trajectory_log import trajectory_records
 
 
 def recorded(request: dict, response: dict, **fields) -> event_pb2.ModelRequest:
@@ -57,7 +57,7 @@ def test_training_calls_are_decoded_and_failed_rollouts_say_why() -> None:
 
 
 def test_a_resume_forgets_the_records_of_the_steps_it_does_again(tmp_path) -> None:
-    from services.trainer.trajectory_log import TrajectoryLog
+    from services.trainer.run.trajectory_log import TrajectoryLog
 
     log = TrajectoryLog(tmp_path / "t.jsonl", decode=lambda ids: "", inputs={})
     steps = [1, 1, 2, 2, 3]

@@ -16,13 +16,13 @@ from types import SimpleNamespace
 import pytest
 
 from services.client import LedgerClient
-from services.trainer.loop_thread import LoopThread
-from services.trainer.manager import ManagerSettings, RolloutManager
+from services.trainer.rollouts.manager import ManagerSettings, RolloutManager
+from services.trainer.verl.loop_thread import LoopThread
 from tests.support.procs import ServiceProcess
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # verl's and Ray's import-time deprecation warnings
-    from services.trainer.ppo_trainer import AglPPOTrainer
+    from services.trainer.verl.ppo_trainer import AglPPOTrainer
 
 pytestmark = pytest.mark.trainer
 

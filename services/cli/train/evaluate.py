@@ -167,7 +167,7 @@ async def _serve_weights(stack: Stack, weights_dir: Path) -> None:
     """The engine reloads weights_dir in place and is registered at version 1 with the label it then reports (the
     proxies check it), as a trainer's weight update does; no call is in flight between the two passes."""
     from services.engine.control import EngineError
-    from services.trainer.engine_push import EnginePushError, push_weights
+    from services.trainer.run.engine_push import EnginePushError, push_weights
 
     async with stack.client() as client:
         try:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.atomic_files import replace_dir
-from services.trainer.best import ADAPTER, Best, read_best
+from services.trainer.run.best import ADAPTER, Best, read_best
 
 from ..errors import USAGE, CliError
 from . import lora

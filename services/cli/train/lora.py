@@ -1,7 +1,7 @@
 """`agl train --lora-rank R`: the adapter's side of a local run.
 
 The engine serves the base model under `<model>-base` and the run's adapter under the run's model name, which the
-proxy routes every call to (issue 32; services/trainer/lora.py has the trainer's side). Before the trainer's first
+proxy routes every call to (issue 32; services/trainer/run/lora.py has the trainer's side). Before the trainer's first
 push there is no adapter, so the smoke rollout would find no model by that name: the engine is given an adapter
 whose B matrices are zero first, the base model's function exactly (what the actor's own fresh adapter computes
 too, PEFT starting B at zero). At the end the newest adapter the trainer pushed is the run's result, a PEFT

@@ -22,7 +22,7 @@ def read_metrics(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
     return records, offset + end
 
 
-# A health warning as the trainer logs it (services/trainer/guardrails.py, breach_line): "health warning: step 5:
+# A health warning as the trainer logs it (services/trainer/data/guardrails.py, breach_line): "health warning: step 5:
 # agl/health/truncated_calls=0.9688 (31 of 32) over the warning limit 0.25; rollouts: ...".
 _WARNING = re.compile(r"health warning: step (\d+): (?:val/)?agl/health/(\w+=\S+(?: \([^)]*\))?) over the")
 

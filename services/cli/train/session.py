@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from services._gen.agl.v1 import run_pb2
-from services.trainer.best import ADAPTER
+from services.trainer.run.best import ADAPTER
 
 from ..errors import FAILURE, USAGE, CliError
 from . import background, checks, collect, export, lora, options, preflight, prompt_fit, report, reporting, sft

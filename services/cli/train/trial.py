@@ -4,7 +4,7 @@ The agent's options and their checks are agl train's (plan.agent_plan), so a mis
 `agl train`'s checks, and one it reports is the one `agl train` would meet minutes later. Guarantee: the exit
 code is 0 only when every rollout succeeded with a reward and made at least one model call; every problem is one
 line naming the rollout and its agent log. What training would take from each rollout is counted by the trainer's
-own data path (services/trainer/triplets.py and aggregation.py, pure modules without verl), at agl train's row limits.
+own data path (trainer/data/triplets.py and aggregation.py, pure, without verl), at agl train's row limits.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from services.trainer.aggregation import rows_from_trace
-from services.trainer.data_settings import DataPathSettings
-from services.trainer.triplets import call_text, trace_from_events
+from services.trainer.data.aggregation import rows_from_trace
+from services.trainer.data.settings import DataPathSettings
+from services.trainer.data.triplets import call_text, trace_from_events
 
 from ..errors import FAILURE, CliError
 from . import collect, options
