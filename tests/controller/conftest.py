@@ -94,12 +94,14 @@ def run_controller(
     args: Sequence[str] = (),
     log_dir: Path | None = None,
     key: str | None = KEY,
+    ledger_address: str = "",
 ) -> Iterator[Controller]:
-    """`python -m services.controller` against the shared ledger and proxy; ready once /metrics answers."""
+    """`python -m services.controller` against the shared ledger and proxy; ready once /metrics answers.
+    `ledger_address`: where it reaches the ledger, when not directly (a relay)."""
     controller_id = controller_id or f"ctl-{uuid.uuid4().hex[:8]}"
     log_dir = log_dir or tmp_path / f"logs-{controller_id}"
     metrics_port = free_port()
-    argv = [sys.executable, "-m", "services.controller", "--ledger", stack.ledger.address]
+    argv = [sys.executable, "-m", "services.controller", "--ledger", ledger_address or stack.ledger.address]
     argv += ["--proxy-url", stack.proxy_url, "--controller-id", controller_id, "--log-dir", str(log_dir)]
     argv += ["--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port), "--kill-grace", "0.5", *args]
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"

@@ -91,6 +91,10 @@ class Controller:
         self._readiness = readiness or Readiness(ledger.address)
         self.leases = LeaseKeeper(ledger, controller_id, lease_ttl_s, self._take_over_from)
         self._taking: set[str] = set()  # controllers whose rollouts are being listed for a takeover
+        # Claims whose answer was lost with the ledger's connection (rollout -> attempt id): the claim may have applied,
+        # so the retry claims with the same attempt id and its re-read knows the rollout for its own. A new id would
+        # leave it running an attempt nobody runs, for as long as this controller holds its lease.
+        self._unconfirmed_claims: dict[str, str] = {}
 
     # -- main loop -------------------------------------------------------------------------------------------
 
@@ -225,7 +229,7 @@ class Controller:
 
     async def _handle(self, rollout: rollout_pb2.Rollout) -> None:
         rollout_id = rollout.rollout_id
-        attempt_id = uuid.uuid4().hex
+        attempt_id = self._unconfirmed_claims.pop(rollout_id, None) or uuid.uuid4().hex
         try:
             plan = await self._runner.prepare(rollout, attempt_id)
         except ConfigError as err:
@@ -279,6 +283,7 @@ class Controller:
             if not isinstance(refusal, _LOST):
                 log.warning("rollout %s: claim failed (%s: %s), state unknown (%s)", rollout_id, refusal.code_name,
                             refusal.details(), err.code_name)  # fmt: skip
+                self._unconfirmed_claims[rollout_id] = plan.attempt_id
                 self._offer_later(rollout)
             return False
         status = current.status
