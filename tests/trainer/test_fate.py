@@ -189,3 +189,37 @@ def test_a_failed_starts_leftovers_are_killed_and_the_watchdog_spared() -> None:
     )
     killed, gcs_code, watchdog_code = done.stdout.split()
     assert (killed, gcs_code, watchdog_code) == ("1", str(-signal.SIGKILL), "None"), done.stdout + done.stderr
+
+
+# A watcher acts the moment the process it watches dies (as the task runner records a failed run when a worker's
+# socket closes): the sweep freezes the whole cluster before killing any of it, so no watcher gets to act.
+WATCHER = """
+import os, sys
+os.read(int(sys.argv[1]), 1)  # EOF: the watched process died
+open(sys.argv[2], "w").write("acted")
+"""
+
+
+def test_no_process_of_the_cluster_sees_another_die(tmp_path: Path) -> None:
+    token = "test-" + os.urandom(6).hex()
+    env = {**os.environ, fate.TOKEN_VARIABLE: token}
+    pairs = []
+    for index in range(8):
+        read_end, write_end = os.pipe()
+        watched = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)"], pass_fds=(write_end,), env=env
+        )
+        acted = tmp_path / f"acted-{index}"
+        watcher = subprocess.Popen(
+            [sys.executable, "-c", WATCHER, str(read_end), str(acted)], pass_fds=(read_end,), env=env
+        )
+        os.close(read_end)
+        os.close(write_end)
+        pairs.append((watched, watcher, acted))
+    deadline = time.monotonic() + 20
+    while len(fate.processes_with(token)) < 16 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fate.kill_all(token, quiet_s=0.3) == 16
+    for watched, watcher, _ in pairs:
+        assert watched.wait(timeout=10) == watcher.wait(timeout=10) == -signal.SIGKILL
+    assert [acted.name for _, _, acted in pairs if acted.exists()] == []

@@ -133,6 +133,11 @@ def kill_all(
         pids -= {os.getpid(), *spare}
         if pids:
             last_seen = time.monotonic()
+        # All frozen before any dies: a survivor that saw another die would act on it (the task runner recorded the
+        # run failed with "actor unavailable" over an interrupted driver's own record).
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
