@@ -84,6 +84,8 @@ def vllm_env(config: EngineConfig, base: Mapping[str, str]) -> dict[str, str]:
     env["VLLM_CPU_KVCACHE_SPACE"] = str(config.kv_cache_gib)
     env["VLLM_LOGGING_LEVEL"] = config.log_level.upper()
     env["VLLM_NO_USAGE_STATS"] = "1"
+    # Off: the engine core runs the model itself (vLLM then picks its one-process executor, even on CPU).
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if config.worker_process else "0"
     if config.lora_rank:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter: each push loads the new version
     env["HF_HUB_OFFLINE"] = "1"

@@ -83,6 +83,16 @@ def test_command_line_and_environment(tmp_path: Path) -> None:
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_API_KEY"] == "k1" and env["HOME"] == "/h"
     assert env["PYTHONPATH"].split(":") == [str(SOURCE_ROOT), "/elsewhere"]
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the model runs in the engine core's process
+
+
+def test_worker_process_puts_the_model_in_a_process_of_its_own(tmp_path: Path) -> None:
+    python = tmp_path / "python"
+    python.write_text("")
+    base = ["--model-dir", str(model_dir(tmp_path)), "--python", str(python)]
+    by_flag = build_launch(parse_config([*base, "--worker-process"], env={}), {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    by_env = build_launch(parse_config(base, env={"AGL_ENGINE_WORKER_PROCESS": "true"}), {})
+    assert by_flag.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == by_env.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
 
 
 def test_no_eager_and_no_key(tmp_path: Path) -> None:
