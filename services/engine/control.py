@@ -108,6 +108,12 @@ def _message(response: httpx.Response) -> str:
     return str(body)[:2000]
 
 
+def lacks_method(message: str, method: str) -> bool:
+    """Whether a refused collective_rpc says the workers have no such method: vLLM's multiprocess executor answers
+    "has no attribute", its one-process executor (vLLM's default on one GPU, AGL's CPU engine) "is not implemented"."""
+    return f"has no attribute '{method}'" in message or f"Method '{method}' is not implemented" in message
+
+
 class EngineControl:
     """One engine's admin routes. Use as `async with EngineControl(url) as engine: ...`."""
 
@@ -188,7 +194,7 @@ class EngineControl:
         try:
             await self.collective_rpc(self._reload_method, {"weights_dir": weights_dir})
         except EngineError as err:
-            if self._reload_method != AGL_RELOAD or f"has no attribute '{AGL_RELOAD}'" not in err.message:
+            if self._reload_method != AGL_RELOAD or not lacks_method(err.message, AGL_RELOAD):
                 raise
             log.warning("engine %s has no AGL worker extension: using vLLM's reload_weights", self.url)
             self._reload_method = VLLM_RELOAD

@@ -2,7 +2,7 @@
 checkout's .venv-engine on a free loopback port, stopped with its whole process group.
 
 A pytest plugin (registered in tests/conftest.py): the session-scoped `cpu_engine` fixture starts ONE engine
-per pytest session for every test folder that asks for it (a start costs ~35 s and ~3 GB). Tests that reload
+per pytest session for every test folder that asks for it (a start costs ~45 s and ~3 GB). Tests that reload
 other weights into it put the base weights back when they finish (`restore_base_weights`).
 A missing .venv-engine fails the test with the command that makes it; it never skips.
 """
