@@ -22,9 +22,12 @@ async def test_a_claim_whose_answer_was_lost_still_runs_its_rollout_under_the_cl
         run_controller(stack, tmp_path, ledger_address=relay.address) as controller,
     ):
         rollout = spec(command=[sys.executable, "-c", "print('done')"], timeout_s=60)
-        # Longer than the client's own retries of the claim and its re-read: the claim's state stays unknown.
-        relay.cut_after(rollout.rollout_id.encode(), down_s=4.0)
+        relay.silence_after(rollout.rollout_id.encode())
         await ledger.create_rollouts([rollout])
+        # The ledger applied the claim (its answer is held back): now the ledger goes away, for longer than the
+        # client's own retries of the claim and of its re-read, so the claim's state stays unknown.
+        await wait_for(ledger, [rollout.rollout_id], states=(rollout_pb2.ROLLOUT_STATE_RUNNING,), timeout_s=30)
+        relay.cut(down_s=4.0)
         done = await wait_for(ledger, [rollout.rollout_id], timeout_s=60)
         log = controller.process.log_text()
     assert relay.cuts == 1

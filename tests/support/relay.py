@@ -1,8 +1,8 @@
 """A stand-in for the network between a client and a server on loopback: a TCP relay that can lose an answer.
 
-`cut_after(marker, down_s)` arms it: the first client -> server chunk that contains `marker` is delivered, then
-nothing more comes back on any connection, every connection is cut a moment later (the server has applied the
-request by then) and new ones are refused for `down_s` seconds. That is a server that went away right after it
+`silence_after(marker)` arms it: the first client -> server chunk that contains `marker` is delivered, then
+nothing more comes back on any connection; `cut(down_s)`, once the caller has seen the server apply the request,
+closes every connection and refuses new ones for `down_s` seconds. That is a server that went away right after it
 committed a request, before its answer left: the client sees UNAVAILABLE for a call that took effect.
 """
 
@@ -14,8 +14,6 @@ import threading
 import time
 from collections.abc import Iterator
 
-APPLY_S = 0.5  # how long the server has to apply the marked request before the cut
-
 
 class CuttingRelay:
     def __init__(self, target: str) -> None:
@@ -25,17 +23,16 @@ class CuttingRelay:
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._marker: bytes | None = None
-        self._down_s = 0.0
         self._silent = False  # after the marked request: nothing flows back
         self._refuse_until = 0.0
         self.cuts = 0
         self.address = ""
 
-    def cut_after(self, marker: bytes, down_s: float) -> None:
-        self._loop.call_soon_threadsafe(self._arm, marker, down_s)
+    def silence_after(self, marker: bytes) -> None:
+        self._loop.call_soon_threadsafe(setattr, self, "_marker", marker)
 
-    def _arm(self, marker: bytes, down_s: float) -> None:
-        self._marker, self._down_s = marker, down_s
+    def cut(self, down_s: float) -> None:
+        asyncio.run_coroutine_threadsafe(self._cut(down_s), self._loop).result(10)
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: bool) -> None:
         with contextlib.suppress(ConnectionError, OSError):
@@ -47,12 +44,10 @@ class CuttingRelay:
                 if upstream and self._marker is not None and self._marker in chunk:
                     self._marker = None
                     self._silent = True
-                    self._loop.create_task(self._cut())
         writer.close()
 
-    async def _cut(self) -> None:
-        await asyncio.sleep(APPLY_S)
-        self._refuse_until = time.monotonic() + self._down_s
+    async def _cut(self, down_s: float) -> None:
+        self._refuse_until = time.monotonic() + down_s
         for writer in list(self._writers):
             writer.close()
         self._writers.clear()
