@@ -8,7 +8,7 @@ advantages (group mean, divided by the group std unless `--no-std`), the `per_ro
 rollout's token-mean log-prob times its advantage, averaged over rollouts), AdamW with grad-norm clip 1.0.
 It does not replace bench/training_bench.py, which measures the real system; it picks what that runs.
 
-    .venv/bin/python bench/grpo_recipe_lab.py [--lr 1e-4] [--tasks-per-step 16] [--n 4] [--steps 150]
+    .venv/bin/python bench/grpo_recipe_lab.py [--lr 1e-4] [--tasks-per-step 16] [--n 4] [--steps 150] [--lora-rank 8]
 
 Prints one JSON line per evaluation: held-out and training greedy accuracy, the mean sampled reward.
 """
@@ -111,6 +111,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--lr-schedule", choices=("constant", "cosine"), default="constant", help="after the warm-up (verl's names)"
     )
     parser.add_argument("--min-lr-ratio", type=float, default=0.0, help="cosine: the last update's lr over --lr")
+    parser.add_argument(
+        "--lora-rank", type=int, default=0, help="train a LoRA adapter (alpha 2 x rank, every linear layer: verl's)"
+    )
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--models-dir", type=Path, default=REPO / "data" / "lab-models")
@@ -150,10 +153,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = warm_model(args, train)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+    if args.lora_rank:
+        from peft import LoraConfig, get_peft_model
+
+        adapter = LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules="all-linear")
+        model = get_peft_model(model, adapter)
     eos, pad = tokenizer.convert_tokens_to_ids(EOS_TOKEN), tokenizer.pad_token_id
     train_prompts, val_prompts = encode_prompts(tokenizer, train), encode_prompts(tokenizer, val)
     probe = min(128, len(train))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=args.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: lr_factor(args, done))
 
     def report(step: int, rewards: list[float]) -> None:
@@ -191,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if advantages.abs().sum() > 0:  # no signal: no update (Adam's momentum would still move the weights)
             model.train()
             grpo_loss(model, prompts, responses, advantages, pad, args.temperature).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         schedule.step()  # by step, as verl's scheduler (one update per step there)
