@@ -214,11 +214,11 @@ def check_writable(folder: Path) -> Path:
 
 
 def check_engine_installed() -> None:
-    from services.engine.config import EngineConfig
+    from services.engine.config import parse_config
     from services.engine.launch import LaunchError, engine_python
 
     try:
-        engine_python(EngineConfig(model_dir="."))
+        engine_python(parse_config(["--model-dir", "."]))  # AGL_ENGINE_PYTHON: the interpreter the engine will use
     except LaunchError as err:
         raise CliError(f"the CPU engine: {err}", USAGE) from None
 
