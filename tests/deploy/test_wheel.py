@@ -100,12 +100,10 @@ def user_env(**extra: str) -> dict[str, str]:
 
 @pytest.fixture
 def user_folder(tmp_path: Path) -> Path:
-    (tmp_path / "adder").mkdir()
-    (tmp_path / "adder" / "__init__.py").write_text("")
-    (tmp_path / "adder" / "agent.py").write_text(AGENT)
-    with (tmp_path / "tasks.jsonl").open("w") as tasks:
-        for a in range(3):
-            tasks.write(json.dumps({"question": f"What is {a} + 4?", "answer": str(a + 4)}) + "\n")
+    """The user's folder: their agent (one module) and their tasks, and no AGL code."""
+    (tmp_path / "adder.py").write_text(AGENT)
+    tasks = [{"question": f"What is {a} + 4?", "answer": str(a + 4)} for a in range(3)]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(task) + "\n" for task in tasks))
     return tmp_path
 
 
@@ -141,7 +139,7 @@ def test_the_installed_agl_runs_from_another_folder(installed: Installed, user_f
 def test_agl_try_starts_its_own_stack_from_the_wheel(installed: Installed, user_folder: Path) -> None:
     record = user_folder / "services-from.txt"
     env = user_env(WHEEL_TEST_SERVICES_FROM=str(record))
-    argv = [str(installed.venv / "bin" / "agl"), "try", "--agent-class", "adder.agent:Adds", "--data", "tasks.jsonl",
+    argv = [str(installed.venv / "bin" / "agl"), "try", "--agent-class", "adder:Adds", "--data", "tasks.jsonl",
             "--env-map", "TASK_QUESTION=input.question", "--env-map", "TASK_ANSWER=input.answer",
             "--tasks", "2"]  # fmt: skip
     tried = run(argv, cwd=user_folder, env=env, timeout=180)
