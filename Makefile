@@ -187,8 +187,8 @@ check-protos: protos
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/buf lint
 	$(VENV)/bin/buf format --diff --exit-code
-	$(VENV)/bin/ruff check services tests bench examples tools deploy
-	$(VENV)/bin/ruff format --check services tests bench examples tools deploy
+	$(VENV)/bin/ruff check services tests bench examples tools deploy setup.py
+	$(VENV)/bin/ruff format --check services tests bench examples tools deploy setup.py
 
 format: $(VENV)/.installed-dev
 	$(VENV)/bin/buf format -w

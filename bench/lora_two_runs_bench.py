@@ -35,9 +35,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deploy import local_stack  # noqa: E402
 from services._gen.agl.v1 import model_pb2  # noqa: E402
 from services.cli.train import session  # noqa: E402
+from services.stack import local_stack  # noqa: E402
 from tests.support.engine import chat, run_engine  # noqa: E402
 from tests.trainer import cpu_stack  # noqa: E402
 from tools import demo_train  # noqa: E402

@@ -38,7 +38,6 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deploy import local_stack  # noqa: E402
 from examples.calc_agent.tasks import TOOLS, make_tasks, messages, tokenizer_corpus, transcripts  # noqa: E402
 from services._gen.agl.v1 import model_pb2, rollout_pb2  # noqa: E402
 from services.client import LedgerClient  # noqa: E402
@@ -49,6 +48,7 @@ from services.engine.tiny_model import (  # noqa: E402
     build_tiny_model,
 )
 from services.engine.warm_start import warm_start  # noqa: E402
+from services.stack import local_stack  # noqa: E402
 from services.trainer.data.aggregation import TRAJECTORY_BREAKS, rows_from_trace  # noqa: E402
 from services.trainer.data.triplets import RolloutTrace, Triplet  # noqa: E402
 

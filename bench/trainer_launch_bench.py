@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deploy import local_stack  # noqa: E402
+from services.stack import local_stack  # noqa: E402
 from tests.support.engine import build_model, chat, run_engine  # noqa: E402
 from tests.trainer import cpu_stack  # noqa: E402
 

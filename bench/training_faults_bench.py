@@ -38,10 +38,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deploy import local_stack  # noqa: E402
 from services._gen.agl.v1 import rollout_pb2  # noqa: E402
 from services.cli.train import checks, session  # noqa: E402
 from services.cli.train.stack import Stack, child_environment, running_stack  # noqa: E402
+from services.stack import local_stack  # noqa: E402
 from tools import demo_train  # noqa: E402
 
 # What is killed, in a random order: the trainer and the three services that restart in seconds, the engine

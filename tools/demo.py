@@ -5,7 +5,7 @@ with the real trainer (verl's actor on CPU) for --steps GRPO steps; see tools/de
 
 --quick: the 20-second collection run instead, with the vLLM-shaped stand-in engine and no training. It
 starts the services of deploy/docker-compose.yaml as local processes with the compose commands and
-environment (deploy/local_stack.py), registers the engine, runs a small dataset through the math agent in
+environment (services/stack/local_stack.py), registers the engine, runs a small dataset through the math agent in
 GRPO groups (every task `--group-size` times, one group label per task) with live progress, consumes the
 terminal stream, writes the trajectories as JSONL, prints a summary, deletes the consumed rollouts and stops
 everything it started.
@@ -34,7 +34,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from deploy import local_stack  # noqa: E402
 from services._gen.agl.v1 import ledger_service_pb2, model_pb2, rollout_pb2  # noqa: E402
 from services.cli.train.collect import (  # noqa: E402
     STATE_NAMES,
@@ -44,6 +43,7 @@ from services.cli.train.collect import (  # noqa: E402
 )
 from services.cli.train.options import positive_float, positive_int  # noqa: E402
 from services.client import LedgerClient  # noqa: E402
+from services.stack import local_stack  # noqa: E402
 from tools import demo_train  # noqa: E402
 
 DEMO_LABEL = "agl-demo"

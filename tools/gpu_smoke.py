@@ -53,10 +53,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from deploy import local_stack  # noqa: E402
 from services._gen.agl.v1 import proxy_control_pb2  # noqa: E402
 from services.cli.train import session  # noqa: E402
 from services.client import LedgerClient  # noqa: E402
+from services.stack import local_stack  # noqa: E402
 from tools import demo_train, gpu_checks, gpu_greedy  # noqa: E402
 
 # agl.retention.keep_steps of agl_trainer.yaml (not overridden here).

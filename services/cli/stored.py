@@ -44,11 +44,10 @@ def run_folder(given: str | Path) -> Path:
 @contextlib.contextmanager
 def serving(given: str | Path, *, console: bool) -> Iterator[Served]:
     """The ledger (and the console) on the folder's stored ledger, until the block ends."""
-    from .train.stack import local_stack
+    from services.stack import local_stack as stack_module
 
     folder = run_folder(given)
     key = (folder / KEY_FILE).read_text().strip()
-    stack_module = local_stack()
     wanted = ["ledger", *(["console"] if console else [])]
     specs = stack_module.load_compose({**os.environ, "AGL_KEY": key}, ["console"])
     specs = {name: specs[name] for name in wanted}

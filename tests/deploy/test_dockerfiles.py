@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy import local_stack
+from services.stack import local_stack
 from tests.deploy.conftest import DOCKER, REPO_ROOT
 from tests.support.procs import free_port, start_ledger
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from deploy import local_stack
+from services.stack import local_stack
 from tests.deploy.conftest import K8S, config_env_names
 from tests.deploy.k8s_schema import validate
 

@@ -1,4 +1,4 @@
-"""deploy/local_stack.py: how the compose file becomes local processes (what the demo and e2e tests run)."""
+"""services/stack/local_stack.py: how the compose file becomes local processes (what the demo and e2e tests run)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy import local_stack
-from deploy.local_stack import StackError, interpolate
+from services.stack import local_stack
+from services.stack.local_stack import StackError, interpolate
 
 
 def test_interpolation_follows_compose_rules() -> None:
@@ -77,7 +77,7 @@ def test_localize_rewrites_only_addresses_ports_and_volume_paths(tmp_path: Path)
     assert controller.env["AGL_PROXY_URL"] == f"http://127.0.0.1:{proxy.ports[8080]}"
     assert controller.env["AGL_CONTROLLER_LOG_DIR"] == str(tmp_path / "a")
     assert specs["controller"].env["PYTHONPATH"] == "/app"  # agent classes import from the image's copy
-    assert controller.env["PYTHONPATH"] == str(local_stack.REPO_ROOT)
+    assert controller.env["PYTHONPATH"] == str(Path(__file__).resolve().parents[2])  # the checkout, as the image's copy
     assert plans["standin"].healthcheck[-1].count(f"127.0.0.1:{plans['standin'].ports[8000]}") == 1
     # Everything else is exactly what the container gets.
     for name, plan in plans.items():

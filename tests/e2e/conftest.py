@@ -1,4 +1,4 @@
-"""The whole stack for the end-to-end tests: the compose services as local processes (deploy/local_stack.py),
+"""The whole stack for the end-to-end tests: the compose services as local processes (services/stack/local_stack.py),
 started once for the tests of this package, with the compose commands and environment, auth on."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from deploy import local_stack
 from services._gen.agl.v1 import ledger_service_pb2, model_pb2, rollout_pb2
 from services.client import LedgerClient
+from services.stack import local_stack
 
 KEY = "e2e-master-key"
 MODEL = "agl-policy"

@@ -25,10 +25,10 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy import local_stack
 from examples.harnesses.harness_rollout import NO_ANSWER_EXIT
 from services._gen.agl.v1 import event_pb2, ledger_service_pb2, model_pb2, rollout_pb2
 from services.client import LedgerClient
+from services.stack import local_stack
 from services.trainer.data.aggregation import TRAJECTORY_BREAKS, rows_from_trace
 from services.trainer.data.triplets import trace_from_events
 from tests.e2e.conftest import KEY, MODEL, Stack, run_to_end

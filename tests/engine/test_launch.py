@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from services.code_root import CHECKOUT
 from services.engine.config import EngineConfig, parse_config
 from services.engine.launch import (
-    SOURCE_ROOT,
     WORKER_EXTENSION,
     LaunchError,
     build_launch,
@@ -82,7 +82,7 @@ def test_command_line_and_environment(tmp_path: Path) -> None:
     env = launch.env
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_API_KEY"] == "k1" and env["HOME"] == "/h"
-    assert env["PYTHONPATH"].split(":") == [str(SOURCE_ROOT), "/elsewhere"]
+    assert env["PYTHONPATH"].split(":") == [str(CHECKOUT), "/elsewhere"]
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the model runs in the engine core's process
 
 
@@ -116,7 +116,7 @@ def test_lora_rank_enables_runtime_adapters(tmp_path: Path) -> None:
 
 
 def test_missing_engine_venv_says_how_to_make_it(tmp_path: Path) -> None:
-    with pytest.raises(LaunchError, match=r"no engine venv at .*: run `make engine-venv`"):
+    with pytest.raises(LaunchError, match=r"no engine venv at .*: run `make engine-venv` .* or set AGL_ENGINE_PYTHON"):
         engine_python(EngineConfig(model_dir="/m"), engine_venv=tmp_path / "absent")
 
 

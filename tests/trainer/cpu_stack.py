@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploy import local_stack
 from services._gen.agl.v1 import model_pb2
 from services.client import LedgerClient
+from services.stack import local_stack
 from tests.support.engine import Engine
 
 KEY = "cpu-training-key"

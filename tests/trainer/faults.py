@@ -18,9 +18,9 @@ from pathlib import Path
 
 import grpc
 
-from deploy import local_stack
 from services._gen.agl.v1 import proxy_control_pb2, rollout_pb2
 from services.client import LedgerError
+from services.stack import local_stack
 from tests.support.engine import Engine
 from tests.support.procs import processes_mentioning
 from tests.trainer.cpu_stack import AGENT, KEY, Stack, trainer_overrides

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy import local_stack
 from services._gen.agl.v1 import run_pb2
+from services.stack import local_stack
 from services.trainer.run.engine_push import EnginePushError, push_weights
 from tests.support.engine import Engine, chat, reference_logprobs
 from tests.trainer import cpu_stack

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy import local_stack
 from services._gen.agl.v1 import model_pb2
 from services.client import LedgerClient
+from services.stack import local_stack
 from services.trainer.data import step_health as h
 from services.trainer.data.adapter import DataPathSettings, build_training_batch
 from services.trainer.data.guardrails import DEFAULT_LIMITS, Limit, all_failed_line, evaluate

@@ -22,11 +22,11 @@ import httpx
 import pytest
 from safetensors.torch import load_file
 
-from deploy import local_stack
 from services._gen.agl.v1 import model_pb2
 from services.cli.train.lora import write_start_adapter
 from services.engine.control import adapter_label
 from services.proxy.engines.model_tables import MODEL_LABEL
+from services.stack import local_stack
 from services.trainer.run.engine_push import EnginePushError, Weights, catch_up, push_weights
 from tests.support.engine import (
     Engine,

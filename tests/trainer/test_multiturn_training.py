@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy import local_stack
 from examples.calc_agent.tasks import make_tasks
+from services.stack import local_stack
 from tests.support.engine import CALC_TASKS_SEED, Engine
 from tests.trainer import cpu_stack
 from tests.trainer.cpu_stack import KEY, Stack, TrainerRun, max_weight_change, trainer_overrides

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy import local_stack
 from services._gen.agl.v1 import run_pb2
+from services.stack import local_stack
 from tests.support.engine import Engine
 from tests.trainer import cpu_stack
 from tests.trainer.cpu_stack import KEY, Stack, TrainerRun, trainer_overrides

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from services.code_root import CHECKOUT
 from services.controller.core.agent_env import ConfigError, resolve_env_map
 
 from ..errors import USAGE, CliError
@@ -170,7 +171,7 @@ def agent_import_path(cwd: Path | None = None) -> list[str]:
     return [here, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
 
 
-def check_agent(agent_class: str, command: Sequence[str], checkout: Path) -> None:
+def check_agent(agent_class: str, command: Sequence[str]) -> None:
     if command:
         program = command[0]
         if os.sep in program:
@@ -183,7 +184,7 @@ def check_agent(agent_class: str, command: Sequence[str], checkout: Path) -> Non
             raise CliError(f"--command: {command[1]}: no such file", USAGE)
         return
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(checkout), *agent_import_path()])
+    env["PYTHONPATH"] = os.pathsep.join([*([str(CHECKOUT)] if CHECKOUT else []), *agent_import_path()])
     try:
         probe = subprocess.run(
             [sys.executable, "-c", _AGENT_PROBE, agent_class],
@@ -213,11 +214,11 @@ def check_writable(folder: Path) -> Path:
 
 
 def check_engine_installed() -> None:
-    from services.engine.config import EngineConfig
+    from services.engine.config import parse_config
     from services.engine.launch import LaunchError, engine_python
 
     try:
-        engine_python(EngineConfig(model_dir="."))
+        engine_python(parse_config(["--model-dir", "."]))  # AGL_ENGINE_PYTHON: the interpreter the engine will use
     except LaunchError as err:
         raise CliError(f"the CPU engine: {err}", USAGE) from None
 

@@ -25,7 +25,7 @@ from ..errors import FAILURE, USAGE, CliError
 from . import checks, collect, options
 from .session import run_interruptible
 from .signals import run_async
-from .stack import CHECKOUT, Stack, running_stack, while_services_run
+from .stack import Stack, running_stack, while_services_run
 
 EVAL_LABEL = "agl_eval"
 RESULTS_FILE = "eval.jsonl"
@@ -72,7 +72,7 @@ def evaluate_model(args: argparse.Namespace, out: TextIO) -> tuple[int, Path]:
     baseline = checks.check_model_dir(str(args.baseline), "--baseline") if args.baseline else None
     if baseline is not None:
         checks.check_same_family(model, baseline)
-    checks.check_agent(agent_class, command, CHECKOUT)
+    checks.check_agent(agent_class, command)
     eval_id = f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     output = checks.check_writable(Path(args.output) if args.output else options.RUNS_DIR / eval_id)
     checks.check_engine_installed()

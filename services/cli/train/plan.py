@@ -14,7 +14,6 @@ from typing import Any
 from ..errors import USAGE, CliError
 from . import checks, learning_rate, options, reporting, sft
 from .process_id import this_process
-from .stack import CHECKOUT
 
 RUN_FILE = "run.json"
 
@@ -44,7 +43,7 @@ def agent_plan(args: argparse.Namespace) -> AgentPlan:
     prompt, response = options.lengths(str(args.model), args.max_prompt_length, args.max_response_length)
     tasks = checks.load_tasks(Path(args.data))
     checks.check_env_map(env_map, tasks, Path(args.data))
-    checks.check_agent(agent_class, command, CHECKOUT)
+    checks.check_agent(agent_class, command)
     return AgentPlan(
         data_file=Path(args.data).resolve(),
         tasks=tasks,

@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from services._gen.agl.v1 import run_pb2
+from services.code_root import CHECKOUT
 from services.trainer.run.best import ADAPTER
 
 from ..errors import FAILURE, USAGE, CliError
 from . import background, checks, collect, export, lora, options, preflight, prompt_fit, report, reporting, sft
 from .plan import TrainPlan, plan_from_args, unfinished_runs_like, write_run_file
 from .signals import Interrupted, raise_on_signals, restore_handlers, run_async
-from .stack import CHECKOUT, Stack, check_services, child_environment, running_stack, while_services_run
+from .stack import Stack, check_services, child_environment, running_stack, while_services_run
 
 METRICS_FILE = "metrics.jsonl"
 TRAJECTORIES_FILE = "trajectories.jsonl"
@@ -142,7 +143,8 @@ def lora_overrides(plan: TrainPlan) -> list[str]:
 
 @contextlib.contextmanager
 def trainer_process(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """The trainer in its own process group (Ray's processes with it), stopped as a group on the way out."""
+    """The trainer in its own process group (Ray's processes with it), stopped as a group on the way out. It runs in
+    the checkout agl runs from, or, for an installed AGL, where agl runs."""
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
             list(argv), stdout=log_file, stderr=subprocess.STDOUT, env=dict(env), cwd=CHECKOUT, start_new_session=True

@@ -1,8 +1,9 @@
-"""The services a local run needs, started the way deploy/docker-compose.yaml starts them (deploy/local_stack.py:
-the same commands, environment and health checks, on free loopback ports), with the master key on and an
-engine serving the model, registered in the ledger. Stopped, in reverse order, on the way out.
+"""The services a local run needs, started the way deploy/docker-compose.yaml starts them (services/stack: the same
+commands, environment and health checks, on free loopback ports), with the master key on and an engine serving the
+model, registered in the ledger. Stopped, in reverse order, on the way out.
 
-`agl train` and `agl eval` run from an AGL checkout: the CPU engine's venv and the compose file live there.
+An installed AGL starts them from the compose file its wheel carries; the CPU engine runs in an interpreter with
+vLLM's CPU build (a checkout's .venv-engine, or AGL_ENGINE_PYTHON: services/engine/launch.py).
 """
 
 from __future__ import annotations
@@ -11,41 +12,25 @@ import asyncio
 import contextlib
 import os
 import secrets
-import sys
 from collections.abc import Awaitable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import TextIO, TypeVar
 
 from services._gen.agl.v1 import model_pb2
 from services.client import LedgerClient
+from services.stack import local_stack
+from services.stack.local_stack import RunningService
 
-from ..errors import USAGE, CliError
+from ..errors import CliError
 from . import lora as lora_module
 from .signals import run_async
 
-CHECKOUT = Path(__file__).resolve().parents[3]
-COMPOSE = CHECKOUT / "deploy" / "docker-compose.yaml"
 KEY_FILE = "key"
 # How often a wait on the stack (the smoke rollout, the trainer) looks whether every service still runs.
 SERVICE_POLL_S = 0.5
 
 T = TypeVar("T")
-
-
-def local_stack() -> Any:
-    """deploy.local_stack of this checkout (deploy/ is not an installed package)."""
-    if not COMPOSE.is_file():
-        raise CliError(
-            f"agl train/eval start the services from an AGL checkout; {COMPOSE} is missing "
-            "(install AGL with `pip install -e .` from a clone)",
-            USAGE,
-        )
-    if str(CHECKOUT) not in sys.path:
-        sys.path.insert(0, str(CHECKOUT))
-    from deploy import local_stack as module
-
-    return module
 
 
 @dataclass(frozen=True)
@@ -59,8 +44,8 @@ class Stack:
     console_url: str
     logs: Path
     agent_logs: Path
-    # The running services by name (deploy/local_stack's RunningService; the fault bench restarts them).
-    services: Mapping[str, Any] = field(default_factory=dict)
+    # The running services by name (the fault bench restarts them).
+    services: Mapping[str, RunningService] = field(default_factory=dict)
 
     def client(self) -> LedgerClient:
         return LedgerClient(self.ledger, key=self.key)
@@ -121,12 +106,11 @@ def running_stack(
     nothing (train/lora.py). `standin`: the stand-in engine (services/standin, vLLM-shaped, no model) serves the
     model instead (agl try). `ports`: local ports to use by (service, container port); free ones otherwise. A
     service that exits before it is healthy stops the start at once (CliError with the end of its log)."""
-    stack_module = local_stack()
     key, key_file = write_key(folder)
     engine = "engine" if model_dir else "standin" if standin else ""
     wanted = ["ledger", "proxy", "controller", *([engine] if engine else []), *(["console"] if console else [])]
     variables = {**os.environ, "AGL_KEY": key}
-    specs = stack_module.load_compose(variables, ["engine", "standin", "console"])
+    specs = local_stack.load_compose(variables, ["engine", "standin", "console"])
     specs = {name: specs[name] for name in wanted}
     data_dir = folder / "stack"
     logs = folder / "logs"
@@ -149,7 +133,7 @@ def running_stack(
     if model_dir and lora_rank:
         overrides["engine"]["AGL_ENGINE_LORA_RANK"] = str(lora_rank)
         overrides["engine"]["AGL_ENGINE_SERVED_MODEL_NAME"] = lora_module.engine_model_name(model_name)
-    plans = stack_module.localize(specs, data_dir, overrides, ports)
+    plans = local_stack.localize(specs, data_dir, overrides, ports)
     # The controller's agents import the user's modules from where agl runs (the agent runner follows PYTHONPATH).
     user_path = os.environ.get("PYTHONPATH", "")
     parts = [*agent_path, *user_path.split(os.pathsep)]
@@ -159,7 +143,7 @@ def running_stack(
     out.write(f"starting {', '.join(wanted)}{note}; logs in {logs}\n")
     out.flush()
 
-    def register(name: str, running: Mapping[str, Any]) -> None:
+    def register(name: str, running: Mapping[str, RunningService]) -> None:
         # Before the controller starts: a resumed run's queued rollouts would otherwise run at once against the
         # endpoints the ledger still holds from the last launch (gone), and fail as the agent's own errors. On GPUs
         # the trainer registers verl's replicas itself.
@@ -174,7 +158,7 @@ def running_stack(
                 run_async(load_adapter(url.removesuffix("/v1"), model_name, start))
             run_async(register_engine(running["ledger"].address(ledger_port), key, model_name, url))
 
-    order = stack_module.start_order(specs)
+    order = local_stack.start_order(specs)
     if engine:
         order = [name for name in order if name != "controller"]
         order.insert(order.index(engine) + 1, "controller")
@@ -182,7 +166,7 @@ def running_stack(
         # The controller stops first: it ends the agents still running as CONTROLLER_SHUTDOWN, an infrastructure
         # failure the resumed trainer retries. Stopped after the proxy or the engine, their calls would fail first
         # and they would end as the agent's own failures (scores).
-        with stack_module.run_stack(
+        with local_stack.run_stack(
             plans, order, logs, health_timeout_s=300.0, stop_first=["controller"], when_healthy=register
         ) as running:
             ledger = running["ledger"].address(ledger_port)
@@ -197,7 +181,7 @@ def running_stack(
             yield Stack(
                 ledger, key, key_file, model_name, proxy_url, engine_url, console_url, logs, agent_logs, running
             )
-    except stack_module.StackError as err:
+    except local_stack.StackError as err:
         raise CliError(f"a service did not start: {err}") from None
     finally:
         os.environ["PYTHONPATH"] = user_path
@@ -208,7 +192,7 @@ def running_stack(
 def check_services(stack: Stack) -> None:
     """CliError naming the service that stopped (its exit status and the end of its log), if one did: a wait on the
     stack ends within a poll of a service's death instead of at its own deadline."""
-    problem = local_stack().exited(stack.services)
+    problem = local_stack.exited(stack.services)
     if problem:
         raise CliError(f"a service stopped: {problem}")
 
@@ -230,4 +214,4 @@ async def while_services_run(stack: Stack, work: Awaitable[T]) -> T:
 
 
 def child_environment(extra: Mapping[str, str]) -> dict[str, str]:
-    return local_stack().child_environment(extra)
+    return local_stack.child_environment(extra)

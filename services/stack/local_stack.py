@@ -6,20 +6,22 @@ Each service gets the command its container runs (the image's ENTRYPOINT and CMD
 service to be healthy) and the same health check (the image's HEALTHCHECK or the compose one). Only what
 a host process cannot share with a container is changed, mechanically:
 
-- `agl-*` console scripts run as `python -m <module>` of this checkout, `python` is this interpreter, and
-  the image's PYTHONPATH (where it copied this checkout's code) is this checkout;
+- `agl-*` console scripts run as `python -m <module>` (the modules AGL's installed entry points name), `python` is
+  this interpreter, and the image's PYTHONPATH (where it copied the code) is the checkout this runs from (nothing
+  for an installed AGL, whose interpreter finds its own package);
 - addresses `<service>:<port>` become `127.0.0.1:<free port>`, bind hosts `0.0.0.0` become `127.0.0.1`, and
   a service's own `*_PORT` variables take its free ports;
 - paths under a volume's mount point move into a folder of the given data directory;
 - `overrides` (per service: variable -> value) replace variables the compose file sets, and nothing else.
 
-`make demo` (tools/demo.py) and the end-to-end tests start the stack through this module, so they run what
-the compose file says.
+`agl train`/`try`/`eval`, `make demo` (tools/demo.py) and the end-to-end tests start the stack through this
+module, so they run what the compose file says.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import logging
 import os
 import re
@@ -33,9 +35,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.compose_file import (
+from services.code_root import CHECKOUT
+
+from .compose_file import (
     COMPOSE_FILE,
-    REPO_ROOT,
     ServiceSpec,
     StackError,
     interpolate,
@@ -70,15 +73,28 @@ log = logging.getLogger(__name__)
 # -- localizing -----------------------------------------------------------------------------------------------
 
 
-def console_scripts(pyproject: Path = REPO_ROOT / "pyproject.toml") -> dict[str, str]:
-    """Console script name -> module to run with `python -m` ([project.scripts] of pyproject.toml)."""
-    section = re.search(r"^\[project\.scripts\]\s*$(.*?)(?=^\[|\Z)", pyproject.read_text(), re.M | re.S)
-    scripts = dict(re.findall(r'^\s*([\w.-]+)\s*=\s*"([^"]+)"', section.group(1), re.M)) if section else {}
-    return {name: target.split(":")[0].removesuffix(".__main__") for name, target in scripts.items()}
+DISTRIBUTION = "agl"
+
+
+def console_scripts() -> dict[str, str]:
+    """Console script name -> module to run with `python -m`: the entry points of the installed AGL (pyproject.toml's
+    [project.scripts], as `pip install` recorded them)."""
+    try:
+        points = importlib.metadata.distribution(DISTRIBUTION).entry_points
+    except importlib.metadata.PackageNotFoundError:
+        raise StackError(
+            f"the {DISTRIBUTION!r} distribution is not installed, so its console scripts (which name the services' "
+            "modules) are unknown: install AGL (`pip install -e .` in a checkout, or its wheel)"
+        ) from None
+    return {
+        point.name: point.value.split(":")[0].removesuffix(".__main__")
+        for point in points
+        if point.group == "console_scripts"
+    }
 
 
 def local_program(argv: Sequence[str], scripts: Mapping[str, str]) -> list[str]:
-    """The container argv with its program replaced by what runs it from this checkout."""
+    """The container argv with its program replaced by what runs it here."""
     if not argv:
         raise StackError("service has no command")
     program, rest = argv[0], list(argv[1:])
@@ -86,7 +102,7 @@ def local_program(argv: Sequence[str], scripts: Mapping[str, str]) -> list[str]:
         return [sys.executable, "-m", scripts[program], *rest]
     if program in ("python", "python3"):
         return [sys.executable, *rest]
-    raise StackError(f"{program!r} is neither a console script of pyproject.toml nor python")
+    raise StackError(f"{program!r} is neither a console script of AGL nor python")
 
 
 @dataclass
@@ -131,8 +147,8 @@ def localize(
         env: dict[str, str] = {}
         for key, value in spec.env.items():
             value = rewrite(value, spec)
-            if key == "PYTHONPATH":  # where the image puts this checkout's code
-                value = str(REPO_ROOT)
+            if key == "PYTHONPATH":  # where the image puts the code
+                value = code_path()
             elif value == "0.0.0.0":
                 value = "127.0.0.1"
             elif key.endswith("_PORT") and value.isdigit() and (spec.name, int(value)) in port_map:
@@ -173,14 +189,19 @@ class RunningService:
             return ""
 
 
+def code_path() -> str:
+    """What a service's PYTHONPATH holds for the code: the checkout this runs from; nothing for an installed AGL."""
+    return str(CHECKOUT) if CHECKOUT else ""
+
+
 def child_environment(service_env: Mapping[str, str]) -> dict[str, str]:
     """This process's environment without AGL_* settings, plus the service's (as a container would get)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("AGL_")}
     users = os.environ.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"
     env.update(service_env)
-    # The service's own path (this checkout) first, then the user's: an agent class outside the repo still loads.
-    parts = [env.get("PYTHONPATH", "") if "PYTHONPATH" in service_env else str(REPO_ROOT), users]
+    # The service's own path (the checkout) first, then the user's: an agent class outside the repo still loads.
+    parts = [env.get("PYTHONPATH", "") if "PYTHONPATH" in service_env else code_path(), users]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for part in parts for p in part.split(os.pathsep) if p))
     return env
 
@@ -238,7 +259,7 @@ def launch(plan: LocalService, log_path: Path) -> RunningService:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=child_environment(plan.env),
-            cwd=REPO_ROOT,
+            cwd=CHECKOUT,  # an installed AGL's services run where agl runs
             start_new_session=True,
         )
     log.info("started %s (pid %d): %s", plan.name, proc.pid, shlex.join(plan.argv))

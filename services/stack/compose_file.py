@@ -3,6 +3,9 @@
 For every service built from this repository: the argv its container runs (the image's ENTRYPOINT and CMD,
 or the compose `entrypoint`/`command`), its environment (the image's ENV, then the compose `environment`,
 interpolated like compose does), its health check, ports, volumes and dependencies. Pure: reads files only.
+
+The compose file is deploy/docker-compose.yaml: a checkout's own, or the copy an installed AGL's wheel carries in
+this folder (with the Dockerfiles it builds from, at the same paths relative to it; setup.py copies them).
 """
 
 from __future__ import annotations
@@ -17,8 +20,12 @@ from typing import Any
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-COMPOSE_FILE = REPO_ROOT / "deploy" / "docker-compose.yaml"
+from services.code_root import SOURCE_ROOT
+
+# deploy/ as an installed wheel carries it (setup.py), else as a checkout has it.
+PACKAGED_DEPLOY = Path(__file__).resolve().parent / "deploy"
+_DEPLOY = PACKAGED_DEPLOY if PACKAGED_DEPLOY.is_dir() else SOURCE_ROOT / "deploy"
+COMPOSE_FILE = _DEPLOY / "docker-compose.yaml"
 _INTERPOLATION = re.compile(r"\$(?:\$|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\})")
 
 
@@ -150,6 +157,11 @@ def load_compose(
     variables: Mapping[str, str], profiles: Sequence[str] = (), path: Path = COMPOSE_FILE
 ) -> dict[str, ServiceSpec]:
     """The services compose would start with these profiles, as ServiceSpecs (only services built here)."""
+    if not path.is_file():
+        raise StackError(
+            f"no compose file at {path}: an installed AGL carries it in its wheel (services/stack/deploy, built by "
+            "setup.py from deploy/), a checkout has it in deploy/; reinstall AGL from a wheel built from a checkout"
+        )
     document = interpolate_tree(yaml.safe_load(path.read_text()), variables)
     services: dict[str, Any] = document["services"]
     images = {
