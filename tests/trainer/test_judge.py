@@ -50,18 +50,22 @@ def manager_for(client: LedgerClient, run_id: str, tmp_path: Path, judge: GroupJ
     return RolloutManager(client, settings, judge=judge)
 
 
-async def answer(client: LedgerClient, rollout_id: str, text: str, reward: float | None = None, ok: bool = True) -> None:
+async def answer(
+    client: LedgerClient, rollout_id: str, text: str, reward: float | None = None, ok: bool = True
+) -> None:
     """The rollout runs, makes one model call answered `text`, posts `reward` (None: none) and ends."""
     await client.update_status(rollout_id, RUNNING, attempt_id="a1", controller_id="test-driver")
     response = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
     request = event_pb2.ModelRequest(
         prompt_token_ids=[1, 2], response_token_ids=[3, 4], response_logprobs=[-0.5, -0.5], has_response_logprobs=True,
-        status=event_pb2.MODEL_REQUEST_STATUS_OK, request_json=json.dumps({"messages": [{"role": "user", "content": "?"}]}),
-        response_json=json.dumps(response),
+        status=event_pb2.MODEL_REQUEST_STATUS_OK, response_json=json.dumps(response),
+        request_json=json.dumps({"messages": [{"role": "user", "content": "?"}]}),
     )  # fmt: skip
     events = [event_pb2.Event(rollout_id=rollout_id, event_type="model_request", model_request=request)]
     if reward is not None:
-        events.append(event_pb2.Event(rollout_id=rollout_id, event_type="reward", reward=event_pb2.Reward(value=reward)))
+        events.append(
+            event_pb2.Event(rollout_id=rollout_id, event_type="reward", reward=event_pb2.Reward(value=reward))
+        )
     await client.append_events(events)
     await client.update_status(rollout_id, SUCCEEDED if ok else FAILED, error_message="" if ok else "exit code 1")
 

@@ -35,7 +35,9 @@ def test_the_answer_is_the_last_response_with_text_and_its_tool_calls() -> None:
 
 
 def test_the_prompt_numbers_every_answer_under_the_rubric_and_task_and_cuts_long_ones() -> None:
-    messages = render_messages("Prefer the capital.", task_text('{"b": 2, "a": "France?"}'), ["Paris", "", "x" * 50], 10)
+    messages = render_messages(
+        "Prefer the capital.", task_text('{"b": 2, "a": "France?"}'), ["Paris", "", "x" * 50], 10
+    )
     assert [m["role"] for m in messages] == ["system", "user"]
     user = messages[1]["content"]
     assert "## Rubric\nPrefer the capital." in user

@@ -145,6 +145,7 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         raise CliError("--data FILE is required (the training tasks, one JSON object per line)", USAGE)
     options.agent_launch(args)  # a missing agent is named before the run's own options
     overrides = options.check_overrides(args.overrides or [])
+    judge = judge_settings(args)
     model = str(args.model)
     placement = resolve_placement(str(args.placement))
     if args.resume and not args.run_id and not args.output:
@@ -197,7 +198,6 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         size = learning_rate.REFERENCE_PARAMETERS if model == options.TINY_MODEL else None
         lr = learning_rate.default_lr(size or learning_rate.parameter_count(Path(model)), lora=bool(lora_rank))
     examples, supervised = supervised_settings(args, model)
-    judge = judge_settings(args)
     report_to = reporting.parse_targets(args.report_to or [])
     reporting.check_targets(report_to)
     checks.check_writable(output)  # last: it makes the run folder, which a refused command should not leave
