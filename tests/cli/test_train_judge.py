@@ -13,6 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from services.cli.errors import USAGE, CliError
+from services.cli.train import collect
 from services.cli.train.plan import JudgePlan, judge_settings
 from services.trainer.config import CONFIG_DIR, CONFIG_NAME
 from services.trainer.config import judge_settings as trainer_judge_settings
@@ -96,3 +97,15 @@ def test_the_judge_options_reach_the_trainers_agl_judge_settings(
     mine = trainer_judge_settings(policy.agl, "run1", None)
     assert mine is not None and mine.base_url is None and mine.scope == "missing" and mine.cache_path is None
     assert trainer_judge_settings(off.agl, "run1", tmp_path) is None
+
+
+def test_with_a_judge_the_smoke_rollout_needs_no_reward_but_must_still_succeed(tmp_path: Path) -> None:
+    log = tmp_path / "agent.log"
+    call = {"http_status": 200}
+    unrewarded = {"rollout_id": "r1", "state": "succeeded", "reward": None, "error": "", "calls": [call]}
+    assert "succeeded WITHOUT A REWARD" in str(collect.rollout_problem(unrewarded, log))
+    assert collect.rollout_problem(unrewarded, log, reward_required=False) is None
+    crashed = {**unrewarded, "state": "failed", "error": "exit code 1"}
+    assert "r1: failed: exit code 1" in str(collect.rollout_problem(crashed, log, reward_required=False))
+    silent = {**unrewarded, "calls": []}
+    assert "made no model call" in str(collect.rollout_problem(silent, log, reward_required=False))
