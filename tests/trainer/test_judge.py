@@ -152,6 +152,9 @@ async def test_the_judge_scores_each_group_side_by_side_records_what_it_said_and
     assert [t.reward for t in second.traces] == [t.reward for t in first.traces]
     records, _ = await judge_events(client, f"{run_id}-s2-g0-r1")
     assert records[0]["cached"] and records[0]["score"] == 0.0 and "reply" not in records[0]
+    # The request and reply are kept once per group: the group's other judged rollouts name where.
+    records, _ = await judge_events(client, f"{g0}-r1")
+    assert records[0]["call_on"] == f"{g0}-r0" and "reply" not in records[0] and records[0]["score"] == 0.0
     every = [e for t in first.traces for e in await client.list_events(t.rollout_id)]
     assert not any("sk-judge" in e.data_json for e in every)
     # A trainer started again over the same cache file asks nothing either.

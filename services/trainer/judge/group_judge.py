@@ -5,14 +5,16 @@ Guarantees:
   with the stable id `agl-judge-reward`, appended by the rollout manager with the hooks' events: it is durable, it is
   the reward the trainer reads (the last one), and a rollout that already has it (a restarted trainer consuming it
   again) is never judged twice. Beside it an `agl_judge` event (id `agl-judge-call`) records what the judge saw and
-  said: the model, the rubric's file and hash, the prompt, the reply, the score and why, whether it came from the
-  cache, and the call's tokens. The judge's call goes straight to its endpoint, never through the proxy: it is no
-  model call of any rollout, so it is never trained.
+  said: the model, the rubric's file and hash, the score and why, whether it came from the cache, and (on the
+  group's first judged rollout; `call_on` names it on the others) the prompt, the reply and the call's tokens.
+  The judge's call goes straight to its endpoint, never through the proxy: it is no model call of any rollout, so
+  it is never trained.
 - Which rollouts it scores (`scope`): `missing` (the default) only the succeeded rollouts whose agent posted no
   reward, the agent's own reward standing where there is one; `all` every succeeded rollout, the judge's reward
   counting over the agent's. Failed rollouts are never judged: the agent's failure is its score, or the
   infrastructure's failure leaves it out (data/infra_policy.py).
-- A group is judged in one call, its distinct answers numbered side by side. An answer already scored (same rubric,
+- A group is judged in one call, its distinct answers numbered side by side; a step's groups at once, at most
+  MAX_CONCURRENT_CALLS requests in flight. An answer already scored (same rubric,
   task, answer and judge model: cache.py) keeps its score; when every answer of a group is known no call is made.
 - A failure (the endpoint unreachable or erring, a reply that is no score per answer) is retried `attempts` times in
   all; after that the group gets no reward from the judge and the verdict says why (the manager leaves the group out
@@ -46,6 +48,7 @@ RECORD_EVENT_ID = "agl-judge-call"
 RECORD_EVENT_TYPE = "agl_judge"
 SOURCE = "agl-judge"
 _REASON_CHARS = 500
+MAX_CONCURRENT_CALLS = 8
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,8 @@ class GroupJudge:
         self.cost = scoring.JudgeCost()
         self.rubric_sha256 = hashlib.sha256(settings.rubric.encode()).hexdigest()
         self._http: httpx.AsyncClient | None = None
+        # A step's groups are judged at once; at most this many requests are in flight (an endpoint's rate limit).
+        self._calls = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
 
     def take_cost(self) -> scoring.JudgeCost:
         """The cost since the last take (one step's)."""
@@ -168,7 +173,7 @@ class GroupJudge:
         if not targets:
             return Verdict()
         try:
-            answers = [await self._answer(r) for r in targets]
+            answers = list(await asyncio.gather(*(self._answer(r) for r in targets)))
         except LedgerError as err:
             return Verdict(failure=f"reading the answers failed: {err}")
         task = scoring.task_text(targets[0].input_json)
@@ -182,7 +187,8 @@ class GroupJudge:
             messages = scoring.render_messages(
                 self.settings.rubric, task, list(shown.values()), self.settings.max_answer_chars
             )
-            found = await self._scores(group_id, messages, len(distinct))
+            async with self._calls:
+                found = await self._scores(group_id, messages, len(distinct))
             if isinstance(found, str):
                 return Verdict(failure=found)
             scores, reply = found
@@ -197,6 +203,8 @@ class GroupJudge:
         for rollout, key in zip(targets, keys, strict=True):
             number = distinct.index(key) + 1
             events.extend(self._events(group_id, rollout, scored[key], number, key in known, call))
+            if call and key not in known:  # the request and the reply once per group, on its first judged rollout
+                call = {"call_on": rollout.rollout_id}
         return Verdict(events=events)
 
     async def _scores(
@@ -250,14 +258,16 @@ class GroupJudge:
             **({} if cached else call),
         }
         reward = event_pb2.Reward(value=score.value, source=SOURCE, reason=score.why[:_REASON_CHARS])
+        # The reward first: a rollout that has it is never judged again, so its record can only be missing, never
+        # appended twice with other content.
         return [
-            event_pb2.Event(
-                rollout_id=rollout.rollout_id, attempt_id=attempt, event_id=RECORD_EVENT_ID,
-                event_type=RECORD_EVENT_TYPE, data_json=json.dumps(record, ensure_ascii=False),
-            ),
             event_pb2.Event(
                 rollout_id=rollout.rollout_id, attempt_id=attempt, event_id=REWARD_EVENT_ID, event_type="reward",
                 reward=reward,
+            ),
+            event_pb2.Event(
+                rollout_id=rollout.rollout_id, attempt_id=attempt, event_id=RECORD_EVENT_ID,
+                event_type=RECORD_EVENT_TYPE, data_json=json.dumps(record, ensure_ascii=False),
             ),
         ]  # fmt: skip
 
