@@ -113,7 +113,8 @@ def train(*, overrides: Sequence[str] = (), out: TextIO | None = None, **options
     agent_class or command, env_map, model, steps, tasks_per_step, group_size, lr, sft_data, sft_steps, sft_lr,
     val_every, save_every, placement, export_dtype, export_weights, lora_rank, lora_alpha, merge_adapter, report_to,
     output, run_id, resume, allow_no_learning, rollout_timeout, max_prompt_length, max_response_length,
-    tool_call_parser, config); `overrides`: Hydra overrides for the trainer."""
+    tool_call_parser, judge, judge_url, judge_model, judge_key_env, judge_scope, config); `overrides`: Hydra
+    overrides for the trainer."""
     from services.cli.train import options as train_options
     from services.cli.train.plan import plan_from_args
     from services.cli.train.session import METRICS_FILE

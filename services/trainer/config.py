@@ -21,6 +21,7 @@ from services.trainer.data.aggregation import AggregationLevel
 from services.trainer.data.guardrails import DEFAULT_LIMITS, Limit, parse_limits
 from services.trainer.data.infra_policy import InfraSettings, Policy
 from services.trainer.data.settings import DataPathSettings
+from services.trainer.judge.group_judge import SCOPE_MISSING, SCOPES, JudgeSettings
 from services.trainer.rollouts.manager import ManagerSettings
 from services.trainer.rollouts.retention import check_keep_steps
 from services.trainer.rollouts.specs import LaunchSettings, check_run_id
@@ -96,6 +97,8 @@ class TrainerSettings:
     row_records: bool = True
     # agl.async_training.pause_scope: what the pause around each update holds, "all" calls or the run's "model"'s.
     pause_scope: str = "all"
+    # agl.judge: rewards from a judge model (services/trainer/judge/); None: the agents' own.
+    judge: JudgeSettings | None = None
 
     @property
     def pause_model_name(self) -> str:
@@ -190,6 +193,84 @@ def health_settings(agl: Any) -> tuple[dict[str, Limit], int, int]:
     if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
         raise ConfigError(f"agl.health.min_count={min_count!r}: an integer >= 1 (1: any share may stop the run)")
     return limits, named, min_count
+
+
+_JUDGE_KEYS = (
+    "rubric",
+    "url",
+    "model",
+    "key_env",
+    "scope",
+    "max_tokens",
+    "timeout_seconds",
+    "attempts",
+    "max_answer_chars",
+)
+
+
+def judge_settings(agl: Any, run_id: str, state_dir: Path | None) -> JudgeSettings | None:
+    """agl.judge -> JudgeSettings (None: no judge, the agents' rewards); reads the rubric file, and the endpoint's
+    key from the variable agl.judge.key_env names. ConfigError naming the key for anything that cannot work."""
+    raw = _plain(agl.get("judge")) or {}
+    unknown = sorted(set(raw) - set(_JUDGE_KEYS))
+    if unknown:
+        raise ConfigError(f"agl.judge.{unknown[0]}: unknown key; known: {', '.join(_JUDGE_KEYS)}")
+    rubric_file = raw.get("rubric")
+    if not rubric_file:
+        for name in ("url", "model", "key_env"):
+            if raw.get(name):
+                raise ConfigError(f"agl.judge.{name} applies to a judge: set agl.judge.rubric to a rubric file")
+        return None
+    try:
+        rubric = Path(str(rubric_file)).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"agl.judge.rubric={rubric_file}: cannot be read ({type(err).__name__}: {err})") from None
+    if not rubric.strip():
+        raise ConfigError(f"agl.judge.rubric={rubric_file}: the rubric file is empty")
+    url = str(raw.get("url") or "") or None
+    model = str(raw.get("model") or "")
+    key_env = str(raw.get("key_env") or "") or None
+    if url is None:
+        if model or key_env:
+            which = "model" if model else "key_env"
+            raise ConfigError(
+                f"agl.judge.{which} applies to an external judge (agl.judge.url); without one the run's own policy "
+                "judges on its engines (their key: agl.engines.api_key)"
+            )
+    else:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"agl.judge.url={url}: an http:// or https:// base URL, e.g. https://host/v1")
+        if not model:
+            raise ConfigError("agl.judge.url needs agl.judge.model: the model the endpoint serves")
+    api_key = None
+    if key_env:
+        api_key = os.environ.get(key_env)
+        if not api_key:
+            raise ConfigError(f"agl.judge.key_env={key_env}: the environment has no {key_env} (the judge's key)")
+    scope = str(raw.get("scope", SCOPE_MISSING))
+    if scope not in SCOPES:
+        raise ConfigError(f"agl.judge.scope={scope}: `missing` (rollouts without a reward) or `all`")
+    numbers = {}
+    for name, default, low in (("max_tokens", 1024, 1), ("attempts", 2, 1), ("max_answer_chars", 4000, 1)):
+        value = raw.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"agl.judge.{name}={value!r}: an integer >= {low}")
+        numbers[name] = value
+    timeout_s = raw.get("timeout_seconds", 60)
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s <= 3600:
+        raise ConfigError(f"agl.judge.timeout_seconds={timeout_s!r}: seconds, above 0 and at most 3600")
+    return JudgeSettings(
+        rubric_file=str(rubric_file),
+        rubric=rubric,
+        base_url=url,
+        model=model,
+        key_env=key_env,
+        api_key=api_key,
+        scope=scope,
+        timeout_s=float(timeout_s),
+        cache_path=state_dir / f"{run_id}.judge-cache.jsonl" if state_dir else None,
+        **numbers,
+    )
 
 
 def settings_from_config(cfg: Any) -> TrainerSettings:
@@ -334,6 +415,7 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         health_min_count=min_count,
         row_records=bool(agl.get("row_records", True)) and keep_steps != 0,
         pause_scope=_pause_scope(async_cfg),
+        judge=judge_settings(agl, run_id, Path(str(state_dir)) if state_dir else None),
     )
 
 

@@ -134,12 +134,13 @@ async def attach_proxy_warnings(client: LedgerClient, records: Sequence[dict[str
                 continue
 
 
-def failure_line(record: Mapping[str, Any]) -> str | None:
-    """What went wrong with a rollout that failed or succeeded without a reward (None for a rewarded success)."""
+def failure_line(record: Mapping[str, Any], reward_required: bool = True) -> str | None:
+    """What went wrong with a rollout that failed or succeeded without a reward (None for a rewarded success; for
+    any success when a judge gives the rewards: reward_required false)."""
     proxy_error = record.get("proxy_error")
     if record["state"] != "succeeded":
         return f"{record['rollout_id']}: {record['state']}: {proxy_error or record['error'] or 'no reason recorded'}"
-    if record["reward"] is None:
+    if record["reward"] is None and reward_required:
         why = proxy_error or "the agent posted no reward event and run() returned no number"
         return f"{record['rollout_id']}: succeeded WITHOUT A REWARD: {why}"
     return None
@@ -165,11 +166,11 @@ async def run_rollouts(
 _CONNECTION_ERRORS = ("APIConnectionError", "ConnectError", "ConnectionError", "Connection refused")
 
 
-def rollout_problem(record: Mapping[str, Any], log: Path) -> str | None:
+def rollout_problem(record: Mapping[str, Any], log: Path, reward_required: bool = True) -> str | None:
     """The one line that says what went wrong with a rollout of the agent (None when nothing did): it failed (with
-    the controller's reason, which ends with the agent's last line), posted no reward, made no model call or had
-    a call refused."""
-    failed = failure_line(record)
+    the controller's reason, which ends with the agent's last line), posted no reward (unless a judge gives the
+    rewards: reward_required false), made no model call or had a call refused."""
+    failed = failure_line(record, reward_required)
     if failed:
         if not record["calls"] and any(name in failed for name in _CONNECTION_ERRORS):
             failed += " (no call reached AGL_OPENAI_BASE_URL: does the agent use it as its base URL?)"

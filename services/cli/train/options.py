@@ -27,8 +27,10 @@ PLACEMENTS = ("auto", "cpu", "gpu")
 EXPORT_DTYPES = ("trained", "float32", "bfloat16", "float16")
 # Which of a run's weights `agl export` writes (services/cli/train/export.py).
 WEIGHT_CHOICES = ("best", "last")
+# Which rollouts a judge scores (services/trainer/judge/group_judge.py: SCOPES).
+JUDGE_SCOPES = ("missing", "all")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Learning rates that move a model without wrecking it: the ~1 M-parameter tiny model needs a large one.
 
 
@@ -153,6 +155,30 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         metavar="TARGET",
         help="the metrics also to tensorboard, wandb or mlflow (repeat it or separate with commas)",
     )
+    judge = p.add_argument_group("rewards from a judge model (docs: training/judge)")
+    judge.add_argument(
+        "--judge",
+        type=Path,
+        metavar="RUBRIC_FILE",
+        help="a judge model scores each group's answers by this rubric (a text file), for rollouts without a reward",
+    )
+    judge.add_argument(
+        "--judge-url",
+        metavar="URL",
+        help="the judge's OpenAI-compatible base URL (ending in /v1); without it the run's own policy judges (the "
+        "tiny model cannot judge usefully)",
+    )
+    judge.add_argument("--judge-model", metavar="NAME", help="the model the --judge-url endpoint serves")
+    judge.add_argument(
+        "--judge-key-env", metavar="VAR", help="the environment variable that holds the --judge-url endpoint's key"
+    )
+    judge.add_argument(
+        "--judge-scope",
+        choices=JUDGE_SCOPES,
+        default=None,
+        help="missing: only rollouts whose agent posted no reward (the default); all: the judge's reward counts "
+        "over the agent's",
+    )
     group.add_argument("--output", type=Path, help="results folder (agl-runs/RUN_ID)")
     group.add_argument("--run-id", help="names the run (a new one unless --resume)")
     group.add_argument("--resume", action="store_true", help="continue --run-id from its last checkpoint")
@@ -252,7 +278,7 @@ TRY_DEFAULTS: dict[str, Any] = {
     # A try shows mistakes in seconds: an agent still running after a minute is reported as one.
     "rollout_timeout": 60.0,
 }
-_PATHS = ("data", "val", "output", "model")
+_PATHS = ("data", "val", "output", "model", "judge")
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -307,7 +333,7 @@ def parse_env_map(items: Sequence[str]) -> dict[str, str]:
     env: dict[str, str] = {}
     for item in items:
         name, sep, value = str(item).partition("=")
-        if not sep or not _ENV_NAME.match(name):
+        if not sep or not ENV_NAME.match(name):
             raise CliError(f"--env-map {item!r}: expected NAME=VALUE with NAME a variable name", USAGE)
         if name.startswith("AGL_") and name.split("_", 1)[1] in ("OPENAI_BASE_URL", "EVENT_URL", "KEY"):
             raise CliError(f"--env-map {name}: the controller sets it for every rollout", USAGE)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,26 @@ def agent_plan(args: argparse.Namespace) -> AgentPlan:
     )
 
 
+@dataclass(frozen=True)
+class JudgePlan:
+    """--judge RUBRIC_FILE and the options that go with it, checked (the trainer's agl.judge)."""
+
+    rubric: Path
+    url: str | None = None  # None: the run's own policy judges
+    model: str | None = None
+    key_env: str | None = None
+    scope: str = "missing"
+
+    def overrides(self) -> list[str]:
+        """The trainer's agl.judge.* settings (quoted: a URL holds characters Hydra's grammar reserves)."""
+        found = [f"agl.judge.rubric={json.dumps(str(self.rubric))}", f"agl.judge.scope={self.scope}"]
+        for name in ("url", "model", "key_env"):
+            value = getattr(self, name)
+            if value:
+                found.append(f"agl.judge.{name}={json.dumps(value)}")
+        return found
+
+
 @dataclass
 class TrainPlan:
     """Everything `agl train` was asked for, checked."""
@@ -103,6 +124,8 @@ class TrainPlan:
     report_to: tuple[str, ...] = ()
     # --export-weights: "best", "last", or None (the best when the run keeps one: export.choose_weights).
     export_weights: str | None = None
+    # --judge and its options: rewards from a judge model (services/trainer/judge/); None: the agent's own.
+    judge: JudgePlan | None = None
 
 
 KNOWN = (
@@ -110,7 +133,7 @@ KNOWN = (
     "max_response_length", "model", "steps", "tasks_per_step", "group_size", "lr", "val_every", "save_every",
     "placement", "export_dtype", "output", "run_id", "resume", "allow_no_learning", "tool_call_parser", "lora_rank",
     "lora_alpha", "merge_adapter", "sft_data", "sft_steps", "sft_lr",
-    "report_to", "export_weights",
+    "report_to", "export_weights", "judge", "judge_url", "judge_model", "judge_key_env", "judge_scope",
 )  # fmt: skip
 
 
@@ -121,6 +144,7 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         raise CliError("--data FILE is required (the training tasks, one JSON object per line)", USAGE)
     options.agent_launch(args)  # a missing agent is named before the run's own options
     overrides = options.check_overrides(args.overrides or [])
+    judge = judge_settings(args)
     model = str(args.model)
     placement = resolve_placement(str(args.placement))
     if args.resume and not args.run_id and not args.output:
@@ -209,6 +233,7 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         supervised=supervised,
         report_to=report_to,
         export_weights=args.export_weights,
+        judge=judge,
     )
     return plan
 
@@ -224,6 +249,46 @@ def supervised_settings(
         return [], None
     examples = sft.load_examples(Path(args.sft_data))
     return examples, sft.default_settings(model, len(examples), args.sft_steps, args.sft_lr)
+
+
+def judge_settings(args: argparse.Namespace) -> JudgePlan | None:
+    """--judge and its options (one line for a combination that cannot work); the key is only looked for, never
+    read into the plan: the trainer reads it from the variable."""
+    if args.judge is None:
+        for name in ("judge_url", "judge_model", "judge_key_env", "judge_scope"):
+            if name in args.given:
+                raise CliError(f"--{name.replace('_', '-')} applies to a judge: give --judge RUBRIC_FILE", USAGE)
+        return None
+    rubric = Path(args.judge)
+    try:
+        text = rubric.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CliError(f"--judge {rubric}: no such file (the rubric the judge scores by)", USAGE) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise CliError(f"--judge {rubric}: cannot be read as text: {err}", USAGE) from None
+    if not text.strip():
+        raise CliError(f"--judge {rubric}: the rubric file is empty", USAGE)
+    url, model, key_env = args.judge_url or None, args.judge_model or None, args.judge_key_env or None
+    if url is None:
+        if model or key_env:
+            which = "--judge-model" if model else "--judge-key-env"
+            raise CliError(
+                f"{which} applies to an external judge: give --judge-url URL too (without it the run's own policy "
+                "judges, served by the run's engine)",
+                USAGE,
+            )
+    else:
+        if not str(url).startswith(("http://", "https://")):
+            raise CliError(f"--judge-url {url}: an http:// or https:// base URL, e.g. https://host/v1", USAGE)
+        if not model:
+            raise CliError("--judge-url needs --judge-model NAME: the model that endpoint serves", USAGE)
+    if key_env is not None:
+        if not options.ENV_NAME.match(str(key_env)):
+            raise CliError(f"--judge-key-env {key_env!r}: the name of an environment variable", USAGE)
+        if not os.environ.get(str(key_env)):
+            raise CliError(f"--judge-key-env {key_env}: the environment has no {key_env} (the judge's key)", USAGE)
+    scope = str(args.judge_scope or "missing")
+    return JudgePlan(rubric.resolve(), str(url) if url else None, str(model) if model else None, key_env, scope)
 
 
 def lora_settings(args: argparse.Namespace, placement: str) -> tuple[int, int]:

@@ -112,6 +112,7 @@ def trainer_overrides(plan: TrainPlan, stack: Stack, model_path: Path) -> list[s
         f"trainer.default_local_dir={plan.output / 'checkpoints'}",
         # The best validation's weights are kept beside the last step's; export takes them (export.py).
         *([f"agl.best_dir={plan.output / export.BEST_DIR}"] if keeps_best(plan) else []),
+        *(plan.judge.overrides() if plan.judge is not None else []),
     ]
     if plan.placement == "cpu":
         overrides.append(f"agl.engines.weights_dir={state / 'weights'}")
@@ -456,14 +457,18 @@ def _train_in(
             write_run_file(plan, model_path, "failed", error=problem)
             out.write(f"agl train: {problem}\n")
             return USAGE, {}
-        problem = collect.rollout_problem(record, agent_log(stack, record["rollout_id"]))
+        # With a judge the agent need post no reward: the judge gives it during training.
+        problem = collect.rollout_problem(record, agent_log(stack, record["rollout_id"]), plan.judge is None)
         if problem:
             write_run_file(plan, model_path, "failed", error=problem)
             out.write(f"agl train: the smoke rollout failed, nothing was trained: {problem}\n")
             return USAGE, {}
         first = f", first prompt {measured} of --max-prompt-length {plan.max_prompt_length}" if measured else ""
-        out.write(f"smoke rollout: ok ({len(record['calls'])} model call(s){first}, reward {record['reward']})\n")
-        if plan.preflight and not plan.resume:  # a resumed run learned from its start already
+        reward = "none (the judge's, in training)" if record["reward"] is None else record["reward"]
+        out.write(f"smoke rollout: ok ({len(record['calls'])} model call(s){first}, reward {reward})\n")
+        if plan.judge is not None:  # the rewards the pre-flight would compare come from the judge, during training
+            out.write("pre-flight: skipped, the judge scores the groups during training (agl/judge/* per step)\n")
+        elif plan.preflight and not plan.resume:  # a resumed run learned from its start already
             refused = _preflight(stack, plan, model_path, out)
             if refused is not None:
                 return refused, {}
@@ -515,6 +520,10 @@ def run_train_command(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
     multi = "s" if len(plan.tasks) != 1 else ""
     print(f"checks passed in {plan.checks_s:.1f}s: {len(plan.tasks)} task{multi}, output {plan.output}")
+    if plan.judge is not None and plan.judge.url is None and plan.model == options.TINY_MODEL:
+        print("note: --judge without --judge-url: the tiny random model judges, and its replies are not scores: "
+              "the groups it cannot score are left out, and a step it scores none of stops the run (docs: "
+              "training/judge)")  # fmt: skip
     if args.detach:  # the same command in a session of its own; the checks above are its first lines here
         return background.detach(sys.argv[1:], plan.run_id, plan.output, sys.stdout)
     if not plan.resume and not args.run_id:

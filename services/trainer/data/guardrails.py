@@ -28,6 +28,7 @@ Defaults (shares unless said): warn / stop
 | `no_signal_groups` | - | - |
 | `identical_reward_steps` | 3 | 10 (steps) |
 | `logprob_gap` | 0.05 | 0.5 (nats) |
+| `judge_failed_groups` | 0 | 0.5 (and a step whose every group the judge failed always stops) |
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ DEFAULT_LIMITS: dict[str, Limit] = {
     h.NO_SIGNAL_GROUPS: Limit(None, None),
     h.IDENTICAL_REWARD_STEPS: Limit(3, 10),
     h.LOGPROB_GAP: Limit(0.05, 0.5),
+    h.JUDGE_FAILED_GROUPS: Limit(0.0, 0.5),
 }
 
 
@@ -185,6 +187,18 @@ def all_failed_line(step: int, traces: Sequence[RolloutTrace], infra_reasons: It
     return (
         f"step {step}: every rollout failed ({len(traces)} of {len(traces)}); first: rollout {first.rollout_id} "
         f"({reason}): {message}"
+    )
+
+
+def judge_failed_line(step: int, failed: Sequence[tuple[str, Sequence[str], str]], groups: int) -> str | None:
+    """The stop line when the judge could score none of the step's `groups` ((group id, rollout ids, why) each; None
+    otherwise): the step has nothing to train on, and the judge's endpoint is the likely cause."""
+    if not groups or len(failed) < groups:
+        return None
+    group_id, ids, why = failed[0]
+    return (
+        f"step {step}: the judge scored no group ({len(failed)} of {groups} failed); first: group {group_id}: {why}"
+        f"{_rollout_list(list(ids), 5)}"
     )
 
 

@@ -30,6 +30,8 @@ in [0, 1] unless said otherwise; `{p}` is `agl/health` for training steps, `val/
   rollout got the same reward
 - `agl/health/logprob_gap` (nats): mean absolute gap between the engine's sampling log-probs and the trainer's
   on the trained tokens (present on steps that computed the old log-probs)
+- `agl/health/judge_failed_groups`: consumed groups the judge could not score (its endpoint failing, or replies
+  that are no score per answer, after its retries), left out of the step (present with a judge: agl.judge)
 - `agl/health/warnings` (a count): limits passed at the warning level this step; `agl/health/stopped`: 1 on the
   step that stopped the run
 """
@@ -69,6 +71,7 @@ MASKED_TOKENS = "masked_tokens"
 NO_SIGNAL_GROUPS = "no_signal_groups"
 IDENTICAL_REWARD_STEPS = "identical_reward_steps"
 LOGPROB_GAP = "logprob_gap"
+JUDGE_FAILED_GROUPS = "judge_failed_groups"
 
 TRACE_NAMES = (
     ROLLOUTS_WITHOUT_CALLS,
@@ -83,7 +86,8 @@ TRACE_NAMES = (
 )
 ROW_NAMES = (TRAJECTORY_BREAK_SHARE, DROPPED_ROWS, TRUNCATED_ROWS, MASKED_TOKENS)
 GROUP_NAMES = (NO_SIGNAL_GROUPS, IDENTICAL_REWARD_STEPS)
-NAMES = (*TRACE_NAMES, *ROW_NAMES, *GROUP_NAMES, LOGPROB_GAP)
+JUDGE_NAMES = (JUDGE_FAILED_GROUPS,)
+NAMES = (*TRACE_NAMES, *ROW_NAMES, *GROUP_NAMES, LOGPROB_GAP, *JUDGE_NAMES)
 
 # aggregation's counter keys whose rollouts are recorded (RowFlags) for the row metrics' evidence.
 FLAGGED_COUNTS = (TRAJECTORY_BREAKS, DROPPED_PROMPT_TOO_LONG, TRUNCATED_RESPONSES)
@@ -251,3 +255,9 @@ def group_health(traces: Sequence[RolloutTrace], identical_steps_before: int) ->
         values={IDENTICAL_REWARD_STEPS: float(identical_steps_before + 1 if identical else 0)},
         value_rollouts={IDENTICAL_REWARD_STEPS: [t.rollout_id for t in traces] if identical else []},
     )
+
+
+def judge_health(failed: Sequence[tuple[str, Sequence[str]]], groups: int) -> StepHealth:
+    """The groups the judge could not score, of the `groups` consumed: (group id, its rollout ids) each."""
+    rollouts = [rollout_id for _, ids in failed for rollout_id in ids]
+    return StepHealth(shares={JUDGE_FAILED_GROUPS: Share(len(failed), groups, rollouts)})

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
 from services.client import RETRY_LATER, LedgerClient, LedgerError
 from services.trainer.data.triplets import CallText, RolloutTrace, call_text, trace_from_events
+from services.trainer.judge.group_judge import GroupJudge, JudgeFailure, Member, judge_groups
 from services.trainer.rollouts import hooks as user_hooks
 from services.trainer.rollouts.feed import TerminalFeed
 from services.trainer.rollouts.retention import KEEP_ALL, TERMINAL_STATES, check_keep_steps, expired
@@ -84,6 +85,8 @@ class StepResult:
     group_ids: list[str]
     metrics: dict[str, float]
     counts: Counter[str]
+    # Groups the judge could not score: left out of `traces` (services/trainer/judge/group_judge.py).
+    judge_failures: list[JudgeFailure] = field(default_factory=list)
 
 
 def failure_reason_name(reason: int) -> str:
@@ -113,6 +116,7 @@ class RolloutManager:
         settings: ManagerSettings,
         hooks: Any = None,
         *,
+        judge: GroupJudge | None = None,
         resume_from: Path | None = None,
         samples: Mapping[str, Sample] | None = None,
     ) -> None:
@@ -125,6 +129,8 @@ class RolloutManager:
         self.run_id = check_run_id(settings.run_id)
         check_keep_steps(settings.keep_steps)
         self.hooks = hooks
+        # Rewards from a judge model for the groups' rollouts (services/trainer/judge/); None: the agents' own.
+        self.judge = judge
         self.state: ManagerState = load_state(settings.state_path)
         self._group_of: dict[str, str] = {}
         self._remaining: dict[str, int] = {}
@@ -164,6 +170,8 @@ class RolloutManager:
 
     async def close(self) -> None:
         await self.feed.stop()
+        if self.judge is not None:
+            await self.judge.close()
         self._flush(force=True)
 
     def _flush(self, force: bool = False) -> None:
@@ -487,8 +495,12 @@ class RolloutManager:
         ages: list[float] = []
         succeeded = failed = 0
         appended: list[event_pb2.Event] = []
+        hook_events = 0
+        judge_failures: list[JudgeFailure] = []
+        members: dict[str, list[tuple[Any, bool, list[event_pb2.Event]]]] = {}
         for record in records:
             ages.append(float(step - record.step))
+            group = members[record.group_id] = []
             for entry in self.feed.take(record.rollout_ids):
                 rollout = entry.rollout
                 ok = rollout.status.state == _SUCCEEDED
@@ -503,6 +515,20 @@ class RolloutManager:
                 known = {e.event_id for e in entry.events if e.event_id}
                 extra = [e for e in extra if e.event_id not in known]
                 appended.extend(extra)
+                hook_events += len(extra)
+                group.append((entry, ok, extra))
+        if self.judge is not None:  # the judge's rewards join the hooks' events; a group it could not score is left out
+            groups = {g: [Member(e.rollout, [*e.events, *x], ok) for e, ok, x in m] for g, m in members.items()}
+            judged, judge_failures = await judge_groups(self.judge, groups)
+            for entry, _, extra in (member for group in members.values() for member in group):
+                extra.extend(judged.get(entry.rollout.rollout_id, []))
+                appended.extend(judged.get(entry.rollout.rollout_id, []))
+        left_out = {failure.group_id for failure in judge_failures}
+        for record in records:
+            if record.group_id in left_out:
+                continue
+            for entry, ok, extra in members[record.group_id]:
+                rollout, status = entry.rollout, entry.rollout.status
                 trace = trace_from_events(
                     rollout.rollout_id,
                     record.group_id,
@@ -532,9 +558,11 @@ class RolloutManager:
             "agl/rollout/succeeded": float(succeeded),
             "agl/rollout/failed": float(failed),
             "agl/rollout/groups": float(len(records)),
-            "agl/rollout/hook_events": float(len(appended)),
+            "agl/rollout/hook_events": float(hook_events),
         }
+        if self.judge is not None:
+            metrics.update(self.judge.take_cost().metrics())
         metrics.update(_stats("agl/rollout/queue_wait_s", queue_wait))
         metrics.update(_stats("agl/rollout/run_time_s", run_time))
         metrics.update(_stats("agl/async/consumed_age", ages))
-        return StepResult(traces, chosen, metrics, counts)
+        return StepResult(traces, chosen, metrics, counts, judge_failures)

@@ -47,11 +47,12 @@ from services.client import THROUGH_RESTARTS, LedgerClient, LedgerError
 from services.trainer.config import TrainerSettings
 from services.trainer.data import step_health as health
 from services.trainer.data.adapter import build_training_batch
-from services.trainer.data.guardrails import Guardrails, HealthStop, all_failed_line
+from services.trainer.data.guardrails import Guardrails, HealthStop, all_failed_line, judge_failed_line
 from services.trainer.data.infra_policy import select, wholly_lost
 from services.trainer.data.loss import apply_row_weights
 from services.trainer.data.row_records import ROW_APPEND_BYTES, event_chunks, flags_by_rollout, row_events, row_records
 from services.trainer.data.trace_stats import trace_metrics
+from services.trainer.judge.group_judge import GroupJudge
 from services.trainer.rollouts.datasets import TaskLoader
 from services.trainer.rollouts.hooks import load_hooks
 from services.trainer.rollouts.manager import RolloutManager, StepResult
@@ -158,8 +159,14 @@ class AglPPOTrainer(RayPPOTrainer):
         hooks = load_hooks(self.agl.hooks) if self.agl.hooks else None
         # A resumed run's manager goes back to the state saved with the checkpoint (trainer/rollouts/rewind.py).
         resumed = TaskLoader.resume_folder(self.config.trainer)
+        judge = None
+        if self.agl.judge is not None:  # rewards from a judge model (services/trainer/judge/)
+            judge = GroupJudge(
+                self.agl.judge, self.ledger, policy_model=self.agl.model_name, engine_key=self.agl.engine_api_key
+            )
         self.manager = RolloutManager(
-            self.ledger, self.agl.manager, hooks=hooks, resume_from=resumed / SNAPSHOT_FILE if resumed else None,
+            self.ledger, self.agl.manager, hooks=hooks, judge=judge,
+            resume_from=resumed / SNAPSHOT_FILE if resumed else None,
             # A checkpoint's groups are training groups (validation ends before the step is saved); validation
             # files may reuse the training files' ids.
             samples={s.data_id: s for s in self.train_samples},
@@ -390,6 +397,11 @@ class AglPPOTrainer(RayPPOTrainer):
         metrics.update(result.metrics)
         metrics["agl/push/caught_up_engines"] = float(self._caught_up)
         step = self.global_steps
+        # Groups the judge could not score are left out; a step it scored none of has nothing to train on.
+        judge_failed = [(f.group_id, f.rollout_ids, f.reason) for f in result.judge_failures]
+        stop = judge_failed_line(step, judge_failed, len(result.group_ids))
+        if stop is not None:
+            raise HealthStop(stop)
         with marked_timer("health", timing):
             # Infrastructure failures out of the advantage; the traces' health from every consumed rollout.
             selection = select(result.traces, self.agl.infra, int(self.config.actor_rollout_ref.rollout.n))
@@ -397,6 +409,8 @@ class AglPPOTrainer(RayPPOTrainer):
             metrics.update(selection.metrics)
             step_health = health.trace_health(result.traces, self.agl.infra.reasons)
             step_health.update(health.group_health(traces, self.guard.identical_steps))
+            if self.agl.judge is not None:
+                step_health.update(health.judge_health([f[:2] for f in judge_failed], len(result.group_ids)))
             self.guard.identical_steps = int(step_health.value(health.IDENTICAL_REWARD_STEPS))
             metrics.update(step_health.metrics())
             metrics.update(trace_metrics(result.traces))
@@ -409,7 +423,8 @@ class AglPPOTrainer(RayPPOTrainer):
         if stop is not None:
             redos = int(metrics["agl/step/redone"])
             raise HealthStop(f"{stop} (its tasks were run {redos} more time(s))" if redos else stop)
-        warnings = self.guard.enforce(step, step_health, (*health.TRACE_NAMES, *health.GROUP_NAMES))
+        judged = health.JUDGE_NAMES if self.agl.judge is not None else ()
+        warnings = self.guard.enforce(step, step_health, (*health.TRACE_NAMES, *health.GROUP_NAMES, *judged))
         metrics["agl/health/warnings"] = float(warnings)
         # Always: in async mode calls are in flight; in sync mode a late call must not reach a sleeping replica
         # (colocated) or straddle a reload (external engines).
