@@ -77,8 +77,11 @@ def greedy_accuracy(model: Any, tokenizer: Any, tasks: Sequence[dict[str, Any]],
     return sum(rewards_of(tokenizer, replies, tasks)) / len(tasks)
 
 
-def grpo_loss(model: Any, prompts, responses, advantages: torch.Tensor, pad: int, temperature: float):
-    """per_rollout_mean: mean over rollouts of (advantage x the rollout's token-mean log-prob), negated."""
+def grpo_loss(
+    model: Any, prompts, responses, advantages: torch.Tensor, pad: int, temperature: float, ref: Any = None, kl=0.0
+):
+    """per_rollout_mean: mean over rollouts of (advantage x the rollout's token-mean log-prob), negated; with a
+    reference model, plus kl x the rollouts' mean token KL to it (verl's use_kl_loss, low_var_kl)."""
     sequences = [p + r for p, r in zip(prompts, responses, strict=True)]
     width = max(len(s) for s in sequences)
     ids = torch.tensor([s + [pad] * (width - len(s)) for s in sequences])
@@ -86,11 +89,22 @@ def grpo_loss(model: Any, prompts, responses, advantages: torch.Tensor, pad: int
     mask = torch.zeros(ids.shape, dtype=torch.float32)
     for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
         mask[i, len(p) : len(p) + len(r)] = 1
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1] / temperature
-    log_probs = torch.gather(F.log_softmax(logits, -1), 2, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+    def token_log_probs(net: Any) -> torch.Tensor:
+        logits = net(input_ids=ids, attention_mask=attention).logits[:, :-1] / temperature
+        return torch.gather(F.log_softmax(logits, -1), 2, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+    log_probs = token_log_probs(model)
     response = mask[:, 1:]
-    per_rollout = (log_probs * response).sum(1) / response.sum(1).clamp(min=1)
-    return -(advantages * per_rollout).mean()
+    tokens = response.sum(1).clamp(min=1)
+    loss = -(advantages * (log_probs * response).sum(1) / tokens).mean()
+    if ref is not None and kl > 0:
+        with torch.no_grad():
+            ref_log_probs = token_log_probs(ref)
+        ratio = (ref_log_probs - log_probs).clamp(-20, 20)
+        token_kl = (ratio.exp() - ratio - 1).clamp(-10, 10)  # low_var_kl: the k3 estimator, clamped as verl does
+        loss = loss + kl * ((token_kl * response).sum(1) / tokens).mean()
+    return loss
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -114,6 +128,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--lora-rank", type=int, default=0, help="train a LoRA adapter (alpha 2 x rank, every linear layer: verl's)"
     )
+    parser.add_argument("--kl-coef", type=float, default=0.0, help="KL loss to the warm start (verl's kl_loss_coef)")
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--models-dir", type=Path, default=REPO / "data" / "lab-models")
@@ -153,6 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = warm_model(args, train)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+    reference = None
+    if args.kl_coef > 0:
+        reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
     if args.lora_rank:
         from peft import LoraConfig, get_peft_model
 
@@ -199,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         advantages = advantages.view(-1)
         if advantages.abs().sum() > 0:  # no signal: no update (Adam's momentum would still move the weights)
             model.train()
-            grpo_loss(model, prompts, responses, advantages, pad, args.temperature).backward()
+            grpo_loss(model, prompts, responses, advantages, pad, args.temperature, reference, args.kl_coef).backward()
             torch.nn.utils.clip_grad_norm_(trained, 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
