@@ -126,12 +126,13 @@ def _repeats(events: list[event_pb2.Event]) -> tuple[set[int], dict[int, list[in
     prompts: dict[int, list[int]] = {}
     seen: set[tuple[int, ...]] = set()
     for position in range(len(events) - 1, -1, -1):  # from the end: the last call per prompt is the one that stays
-        if _is_call(events[position]) and (ids := list(events[position].model_request.prompt_token_ids)):
-            key = tuple(ids)
-            if key in seen:
+        event = events[position]
+        if _is_call(event) and (ids := list(event.model_request.prompt_token_ids)):
+            before = len(seen)
+            seen.add(tuple(ids))  # one hash of the tokens, not two (`in`, then `add`)
+            if len(seen) == before:
                 repeated.add(position)
             else:
-                seen.add(key)
                 prompts[position] = ids
     return repeated, prompts
 
