@@ -1,5 +1,5 @@
-"""The triplet view: events trimmed to what training needs, a projection (which calls train is decided in one place,
-the trainer's services/trainer/data/triplets.py, so that every drop is counted; the ledger only trims).
+"""The triplet view: events trimmed to what training needs, once at append, read zero-copy; a projection only (which
+calls train is decided in services/trainer/data/triplets.py, which sees every call and counts every drop).
 
 model_request keeps prompt/response token ids, response log-probs, model, version, HTTP status, status, finish
 reason and its tool-call counts;
