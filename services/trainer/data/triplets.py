@@ -5,7 +5,7 @@ Pure: reads the triplet-view events that arrive with a terminal-stream entry and
 calls with the same prompt tokens only the last counts (`last_call_per_prompt`: a retry supersedes what it retried);
 one triplet per successful `model_request` with a non-empty response; the rollout's last reward is attached (missing
 -> the fill value). Every drop is counted in the caller's Counter (agl/data/...). The repeat check costs about 2 us a
-call here (+23 us on 146 us for a 10-call rollout's trace, bench/trainer_bench.py's rollouts); dropping it from the
+call here (+23 us on 145 us for a 10-call rollout's trace, bench/trainer_bench.py's rollouts); dropping it from the
 ledger's view changed the fetch by nothing measurable. Log-probs that do not line up with the response or are not
 finite the ledger leaves out once, at append: that decides no call's fate, only whether it carries log-probs.
 """
