@@ -97,7 +97,9 @@ class RoleMap:
 
     def to_label(self) -> str:
         """The label value that carries the map (compact JSON)."""
-        entries = [{"match": r.pattern, "policy": r.policy, **({"frozen": True} if r.frozen else {})} for r in self.roles]
+        entries = [
+            {"match": r.pattern, "policy": r.policy, **({"frozen": True} if r.frozen else {})} for r in self.roles
+        ]
         text = json.dumps({"roles": entries, "unmapped": self.unmapped}, separators=(",", ":"))
         if len(text) > MAX_LABEL_CHARS:
             raise RoleMapError(f"the role map takes {len(text)} characters as a label; at most {MAX_LABEL_CHARS}")
