@@ -12,7 +12,8 @@ Resolution: an entry whose pattern has no wildcard matches that exact name, and 
 then the patterns (`*` any run of characters, `?` one character) in the order given; the first that matches wins.
 The policy `policy` (POLICY) is the rollout's own model (its `agl_model` label, else the proxy's own): those calls
 train. Any other policy is a model registered in the ledger (another run's adapter, a frozen judge): its calls are
-recorded and never in this run's batch. A frozen entry says so for good: it is never trained by any run.
+recorded and never in this run's batch. A frozen entry's calls are never trained by any run: served by the model it
+names, or by the rollout's own policy as it stands (`policy`: a harness's side calls, answered and left out).
 """
 
 from __future__ import annotations
@@ -81,6 +82,10 @@ class RoleMap:
         """No entry and unmapped names to the policy: today's routing, nothing to carry."""
         return not self.roles and self.unmapped == UNMAPPED_POLICY
 
+    def trains(self, own: str = "") -> bool:
+        """Whether some call can reach the rollout's own policy to train (`own`: its model's name, if known)."""
+        return self.unmapped == UNMAPPED_POLICY or any(not r.frozen and r.policy in (POLICY, own) for r in self.roles)
+
     def resolve(self, requested: str) -> Role | None:
         """The entry `requested` goes by (None: unmapped, to the rollout's own policy); UnmappedModel when refused."""
         found = next((r for r in self.roles if r.exact and r.matches(requested)), None)
@@ -123,10 +128,6 @@ def check(roles: RoleMap) -> None:
             raise RoleMapError(
                 f"role {role.pattern}: policy {role.policy!r} is not a model name (1 to {MAX_POLICY_CHARS} characters "
                 f"of letters, digits and _.:/@+-; {POLICY!r} is the run's own)"
-            )
-        if role.frozen and role.policy == POLICY:
-            raise RoleMapError(
-                f"frozen role {role.pattern}: the run's own policy trains; a frozen role names another model"
             )
         if role.pattern in seen:
             raise RoleMapError(f"role {role.pattern}: given twice")

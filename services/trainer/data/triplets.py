@@ -1,8 +1,13 @@
 """Triplets: the trainable (prompt tokens, response tokens, log-probs) calls of one finished rollout.
 
 Pure: reads the triplet-view events that arrive with a terminal-stream entry and returns plain Python
-objects. One triplet per successful `model_request` with a non-empty response; the rollout's last reward
-is attached (missing -> the fill value). Every drop is counted in the caller's Counter.
+objects. One triplet per successful `model_request` of the rollout's own policy with a non-empty response; the
+rollout's last reward is attached (missing -> the fill value). Every drop is counted in the caller's Counter.
+
+A call its rollout's role map sent to another policy or a frozen one (ModelRequest.role; services/role_map.py) is
+never a triplet, whatever it holds: it is counted (`other_role_calls`) and left out of the call outcomes the step
+health reads. Leaving it out keeps the main conversation exact: trajectory rows merge a call into any earlier row
+its prompt continues (aggregation.py), so a side call between two of the policy's calls breaks nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ DROPPED_ERROR_CALLS = "dropped_error_calls"
 DROPPED_EMPTY_RESPONSES = "dropped_empty_responses"
 LOGPROBS_MISSING = "logprobs_missing_calls"
 REWARD_MISSING = "reward_missing"
+OTHER_ROLE_CALLS = "other_role_calls"
+
+# The roles whose calls this run does not train: another policy's, a frozen one's.
+_OTHER_ROLES = frozenset({event_pb2.MODEL_REQUEST_ROLE_OTHER_POLICY, event_pb2.MODEL_REQUEST_ROLE_FROZEN})
 
 
 @dataclass(frozen=True)
@@ -175,6 +184,9 @@ def _scan(events: Iterable[event_pb2.Event], counts: Counter[str]) -> _Scan:
                 counts[DROPPED_ERROR_CALLS] += 1
                 scan.failed_calls += 1
                 scan.engine_unavailable_calls += scan.last_call_status in ENGINE_FAILURE_STATUSES
+                continue
+            if call.role in _OTHER_ROLES:
+                counts[OTHER_ROLE_CALLS] += 1
                 continue
             scan.calls.append(CallOutcome(call.finish_reason, call.tool_calls if call.HasField("tool_calls") else None))
             response = list(call.response_token_ids)
