@@ -16,11 +16,13 @@ from services import role_map
 from services._gen.agl.v1 import event_pb2, rollout_pb2
 from services.cli.errors import CliError
 from services.cli.train.roles import role_overrides
+from services.client import LedgerClient
 from services.trainer.config import CONFIG_DIR, CONFIG_NAME, ConfigError, settings_from_config
 from services.trainer.data.aggregation import TRAJECTORY_BREAKS, rows_from_trace
 from services.trainer.data.triplets import OTHER_ROLE_CALLS, trace_from_events
 from services.trainer.rollouts.specs import Sample, build_specs
 from tests.support.procs import start_ledger
+from tests.trainer import events
 
 pytestmark = pytest.mark.trainer
 
@@ -97,21 +99,11 @@ def test_a_malformed_map_in_the_trainers_config_or_a_label_is_refused_naming_the
 
 
 def call(prompt: list[int], response: list[int], role: int = POLICY) -> event_pb2.Event:
-    return event_pb2.Event(
-        rollout_id="ro-1",
-        attempt_id="at-1",
-        event_type="model_request",
-        model_request=event_pb2.ModelRequest(
-            prompt_token_ids=prompt,
-            response_token_ids=response,
-            response_logprobs=[-0.5] * len(response),
-            has_response_logprobs=True,
-            status=event_pb2.MODEL_REQUEST_STATUS_OK,
-            http_status=200,
-            role=role,
-            requested_model="claude-haiku-4-5" if role != POLICY else "claude-sonnet-4-5",
-        ),
-    )
+    event = events.call(prompt, response, [-0.5] * len(response))
+    event.rollout_id, event.attempt_id = "ro-1", "at-1"
+    event.model_request.role = role
+    event.model_request.requested_model = "claude-haiku-4-5" if role != POLICY else "claude-sonnet-4-5"
+    return event
 
 
 # The main conversation: turn 1 (prompt 1-4, answer 5-6), a side call of a frozen role in between (its own prompt,
@@ -120,11 +112,12 @@ MAIN_1 = call([1, 2, 3, 4], [5, 6])
 SIDE = call([1, 2, 30, 31], [32], FROZEN)
 OTHER_SIDE = call([40, 41], [42, 43], OTHER)
 MAIN_2 = call([1, 2, 3, 4, 5, 6, 7, 8], [9])
-REWARD = event_pb2.Event(rollout_id="ro-1", attempt_id="at-1", event_type="reward", reward=event_pb2.Reward(value=1.0))
+REWARD = events.reward(1.0)
+REWARD.rollout_id, REWARD.attempt_id = "ro-1", "at-1"
 
 
-def rows_of(events: list[event_pb2.Event], counts: Counter[str]):
-    trace = trace_from_events("ro-1", "g", "d", events, reward_fillna_value=0.0, counts=counts)
+def rows_of(recorded: list[event_pb2.Event], counts: Counter[str]):
+    trace = trace_from_events("ro-1", "g", "d", recorded, reward_fillna_value=0.0, counts=counts)
     return rows_from_trace(trace, "trajectory", max_prompt_length=64, max_response_length=64, counts=counts)
 
 
@@ -144,8 +137,6 @@ def test_other_roles_calls_never_reach_a_row_and_a_side_call_between_two_turns_k
 
 async def test_the_role_survives_the_ledgers_triplet_view() -> None:
     with start_ledger() as ledger:
-        from services.client import LedgerClient
-
         async with LedgerClient(ledger.address) as client:
             spec = rollout_pb2.RolloutSpec(rollout_id="ro-1", input_json="{}", is_train=True)
             await client.create_rollouts([spec])
