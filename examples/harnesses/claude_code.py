@@ -7,7 +7,8 @@ Claude Code speaks the Anthropic Messages API: ANTHROPIC_BASE_URL is the rollout
 (Claude Code appends `/v1/messages`, the proxy serves `…/openai/v1/messages`), and the rollout's key goes as
 ANTHROPIC_API_KEY (the `x-api-key` header, which the proxy accepts as the bearer key; in print mode Claude Code
 uses it without asking and never looks for a login). Whatever model name it sends, the proxy routes the call to
-the run's policy.
+the run's policy; its side tasks go under its small model's name (a haiku one), which a run's role map can label and
+keep out of training (`agl train --frozen-role '*haiku*=policy'`, docs/training/roles.md).
 
 Turned off (its documented variables): telemetry, error reporting, the auto-updater and every other request that
 is not a model call (CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC), the feedback survey. Sessions are not written

@@ -13,6 +13,12 @@ from google.protobuf.message import Message
 from services._gen.agl.v1 import event_pb2, rollout_pb2, run_pb2
 from services.printable import printable, terminal_text
 
+# Calls a rollout's role map sent away from its own policy (services/role_map.py): recorded, not trained by the run.
+_OTHER_ROLES = {
+    event_pb2.MODEL_REQUEST_ROLE_OTHER_POLICY: "another policy's call",
+    event_pb2.MODEL_REQUEST_ROLE_FROZEN: "a frozen role's call",
+}
+
 ROLLOUT_STATES = {"queuing": 1, "running": 2, "succeeded": 3, "failed": 4}
 RUN_STATES = {"running": 1, "succeeded": 2, "failed": 3}
 
@@ -143,6 +149,11 @@ def conversation(rollout: rollout_pb2.Rollout, events: Sequence[event_pb2.Event]
                 f"response tokens  {mr.latency_seconds:.2f}s  http {mr.http_status}"
                 + (f"  retries {mr.retry_count}" if mr.retry_count else "")
                 + (f"  finish {printable(mr.finish_reason)}" if mr.finish_reason else "")
+                + (
+                    f"  {_OTHER_ROLES[mr.role]} (asked for {printable(mr.requested_model) or 'no model'}; not trained)"
+                    if mr.role in _OTHER_ROLES
+                    else ""
+                )
                 + (
                     f"  max_tokens {mr.requested_max_tokens} asked, {mr.granted_max_tokens} granted"
                     if mr.requested_max_tokens

@@ -2,7 +2,7 @@
 calls train is decided in services/trainer/data/triplets.py, which sees every call and counts every drop).
 
 model_request keeps prompt/response token ids, response log-probs, model, version, HTTP status, status, finish
-reason and its tool-call counts;
+reason, its tool-call counts and its role;
 reward keeps value, source and reason; other events are left out. Every call is kept, repeated prompts too. Log-probs
 that do not line up with the response tokens, or are not finite, are left out of the form (has_response_logprobs
 false): never an error. That is decided here, once, on the bytes at append time, because it decides no call's fate,
@@ -50,9 +50,10 @@ _HEADER_NAMES = tuple(field.name for field in _HEADER_FIELDS)
 
 # What the triplet form keeps, by name: the one list both the wire path (its runs, below) and the message path use.
 # http_status: the trainer files an agent that failed on a 502/503/504 as the engine's failure, not its score.
+# role: the trainer keeps only its own policy's calls (services/role_map.py).
 _MR_KEPT = (
     "prompt_token_ids", "response_token_ids", "model", "model_version", "http_status", "finish_reason", "status",
-    "tool_calls",
+    "tool_calls", "role",
 )  # fmt: skip
 _MR_USABLE = ("response_logprobs", "has_response_logprobs")  # kept when the log-probs line up and are finite
 _REWARD_KEPT = ("value", "source", "reason")
@@ -162,12 +163,14 @@ def _size(n: int) -> bytes:
 
 
 # ModelRequest fields in canonical order run (today: [1-2 dropped][3-4 kept][5-6 kept when usable][7-8 kept]
-# [9-10 dropped][11 kept][12-13 dropped][14-15 kept][16-17 dropped][18 kept][19-21 dropped]). The cut records
+# [9-10 dropped][11 kept][12-13 dropped][14-15 kept][16-17 dropped][18 kept][19-22 dropped][23 kept]). The cut records
 # where each run starts: _MR_RUN[number] is the run field `number` belongs to. The assembly at the end of
 # _cut_model_request is written for this sequence of kinds; a proto change that alters it fails at import rather
 # than cutting wrongly.
 _MR_RUN, _MR_KINDS = _runs(event_pb2.ModelRequest, _MR_KEPT, _MR_USABLE)
-_MR_EXPECTED = ("dropped", "kept", "usable", "kept", "dropped", "kept", "dropped", "kept", "dropped", "kept", "dropped")
+_MR_EXPECTED = (
+    "dropped", "kept", "usable", "kept", "dropped", "kept", "dropped", "kept", "dropped", "kept", "dropped", "kept",
+)  # fmt: skip
 if _MR_KINDS != _MR_EXPECTED:
     raise ImportError(f"agl.v1.ModelRequest's kept/dropped runs changed ({_MR_KINDS}): update triplet.py")
 _MR_RUNS = len(_MR_KINDS)
@@ -231,19 +234,26 @@ def _cut_model_request(data: bytes, pos: int, end: int) -> tuple[bytes, bytes]:
             raise _Unusual
     if pos != end:
         raise ValueError("model_request ends inside a field")
-    begin, run3, run5, run7, run9, run11, run12, run14, run16, run18, run19, _ = runs
+    begin, run3, run5, run7, run9, run11, run12, run14, run16, run18, run19, run23, _ = runs
     if has_logprobs and _finite_and_aligned(data, logprobs_start, logprobs_end, response_start, response_end):
-        kept = (data[run3:run9], data[run11:run12], data[run14:run16], data[run18:run19])
-        dropped = (data[begin:run3], data[run9:run11], data[run12:run14], data[run16:run18], data[run19:end])
+        kept = (data[run3:run9], data[run11:run12], data[run14:run16], data[run18:run19], data[run23:end])
+        dropped = (data[begin:run3], data[run9:run11], data[run12:run14], data[run16:run18], data[run19:run23])
     else:
-        kept = (data[run3:run5], data[run7:run9], data[run11:run12], data[run14:run16], data[run18:run19])
+        kept = (
+            data[run3:run5],
+            data[run7:run9],
+            data[run11:run12],
+            data[run14:run16],
+            data[run18:run19],
+            data[run23:end],
+        )
         dropped = (
             data[begin:run3],
             data[run5:run7],
             data[run9:run11],
             data[run12:run14],
             data[run16:run18],
-            data[run19:end],
+            data[run19:run23],
         )
     return b"".join(kept), b"".join(dropped)
 
@@ -346,6 +356,7 @@ def trim(event: event_pb2.Event) -> event_pb2.Event | None:
         dst.finish_reason = src.finish_reason
         if src.HasField("tool_calls"):
             dst.tool_calls.CopyFrom(src.tool_calls)
+        dst.role = src.role
         return out
     if event.event_type == REWARD and payload == "reward":
         src_r = event.reward

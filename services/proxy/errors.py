@@ -22,6 +22,10 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
     "unauthorized": (401, "authentication_error"),
     "forbidden": (403, "permission_error"),
     "not_found": (404, "not_found_error"),
+    # The rollout's role map (services/role_map.py) refuses the model name the request sends (as the OpenAI API
+    # answers a model it does not serve: 404); or the map itself cannot be read (the run's mistake: 400).
+    "model_not_mapped": (404, "not_found_error"),
+    "role_map_invalid": (400, "invalid_request_error"),
     "rollout_not_found": (404, "not_found_error"),
     "rollout_terminal": (409, "conflict_error"),
     "event_conflict": (409, "conflict_error"),

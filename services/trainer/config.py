@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from services import role_map
 from services._gen.agl.v1 import rollout_pb2
 from services.trainer.data.aggregation import AggregationLevel
 from services.trainer.data.guardrails import DEFAULT_LIMITS, Limit, parse_limits
@@ -176,6 +177,34 @@ def infra_settings(agl: Any) -> InfraSettings:
     )
 
 
+def roles_label(agl: Any) -> str:
+    """agl.roles -> the label its rollouts carry (services/role_map.py; "" without a map: every call goes to the
+    run's own policy whatever model name it sends); ConfigError naming the problem."""
+    raw = _plain(agl.get("roles")) or {}
+    known = ("map", "frozen", "unmapped")
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(f"agl.roles.{unknown[0]}: unknown key; known: {', '.join(known)}")
+    lists = {}
+    for key in ("map", "frozen"):
+        entries = raw.get(key) or []
+        if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+            raise ConfigError(f"agl.roles.{key}={entries!r}: a list of NAME_PATTERN=POLICY strings")
+        lists[key] = entries
+    try:
+        roles = role_map.from_settings(
+            lists["map"], lists["frozen"], str(raw.get("unmapped", role_map.UNMAPPED_POLICY))
+        )
+    except role_map.RoleMapError as err:
+        raise ConfigError(f"agl.roles: {err}") from None
+    if not roles.trains(str(agl.model_name)):
+        raise ConfigError(
+            "agl.roles: unmapped=refuse and no agl.roles.map entry names `policy`: no call would reach this run's "
+            "policy, nothing would train"
+        )
+    return "" if roles.empty else roles.to_label()
+
+
 def health_settings(agl: Any) -> tuple[dict[str, Limit], int, int]:
     """agl.health -> (limits, rollout ids named per line, min_count); ConfigError naming the key."""
     raw = _plain(agl.get("health")) or {}
@@ -308,6 +337,7 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         env_map={str(k): str(v) for k, v in (launch_cfg.get("env_map") or {}).items()},
         k8s_job_template=template,
         model_name=str(agl.model_name),
+        roles=roles_label(agl),
     )
     infra = infra_settings(agl)
     limits, rollouts_named, min_count = health_settings(agl)

@@ -63,6 +63,10 @@ def _random_event(rng: random.Random) -> event_pb2.Event:
             mr.warnings.extend(["tools[0] was left out"] * rng.randrange(1, 3))
         if rng.random() < 0.3:
             mr.requested_max_tokens, mr.granted_max_tokens = 32_000, rng.randrange(0, 512)
+        if rng.random() < 0.5:
+            mr.requested_model = rng.choice(["", "claude-haiku-4-5", "gpt-4o-mini"])
+        if rng.random() < 0.5:
+            mr.role = rng.randrange(0, 4)
     elif kind == "reward":
         event.event_type = rng.choice(["reward"] * 6 + ["score"])
         event.reward.value = rng.choice([0.0, 1.0, -0.5, math.nan])

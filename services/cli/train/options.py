@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import USAGE, CliError
 from .prompt_fit import tiny_positions
+from .roles import add_role_options
 
 TINY_MODEL = "tiny"
 RUNS_DIR = Path("agl-runs")
@@ -179,6 +180,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         help="missing: only rollouts whose agent posted no reward (the default); all: the judge's reward counts "
         "over the agent's",
     )
+    add_role_options(p)
     group.add_argument("--output", type=Path, help="results folder (agl-runs/RUN_ID)")
     group.add_argument("--run-id", help="names the run (a new one unless --resume)")
     group.add_argument("--resume", action="store_true", help="continue --run-id from its last checkpoint")

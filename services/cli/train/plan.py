@@ -15,6 +15,7 @@ from typing import Any
 from ..errors import USAGE, CliError
 from . import checks, learning_rate, options, reporting, sft
 from .process_id import this_process
+from .roles import role_overrides
 
 RUN_FILE = "run.json"
 
@@ -126,6 +127,8 @@ class TrainPlan:
     export_weights: str | None = None
     # --judge and its options: rewards from a judge model (services/trainer/judge/); None: the agent's own.
     judge: JudgePlan | None = None
+    # --role, --frozen-role, --unmapped-models (roles.py): the trainer's agl.roles settings; none without them.
+    roles: list[str] = field(default_factory=list)
 
 
 KNOWN = (
@@ -134,6 +137,7 @@ KNOWN = (
     "placement", "export_dtype", "output", "run_id", "resume", "allow_no_learning", "tool_call_parser", "lora_rank",
     "lora_alpha", "merge_adapter", "sft_data", "sft_steps", "sft_lr",
     "report_to", "export_weights", "judge", "judge_url", "judge_model", "judge_key_env", "judge_scope",
+    "role", "frozen_role", "unmapped_models",
 )  # fmt: skip
 
 
@@ -145,6 +149,7 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
     options.agent_launch(args)  # a missing agent is named before the run's own options
     overrides = options.check_overrides(args.overrides or [])
     judge = judge_settings(args)
+    roles = role_overrides(args)
     model = str(args.model)
     placement = resolve_placement(str(args.placement))
     if args.resume and not args.run_id and not args.output:
@@ -234,6 +239,7 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         report_to=report_to,
         export_weights=args.export_weights,
         judge=judge,
+        roles=roles,
     )
     return plan
 

@@ -113,6 +113,7 @@ def trainer_overrides(plan: TrainPlan, stack: Stack, model_path: Path) -> list[s
         # The best validation's weights are kept beside the last step's; export takes them (export.py).
         *([f"agl.best_dir={plan.output / export.BEST_DIR}"] if keeps_best(plan) else []),
         *(plan.judge.overrides() if plan.judge is not None else []),
+        *plan.roles,
     ]
     if plan.placement == "cpu":
         overrides.append(f"agl.engines.weights_dir={state / 'weights'}")

@@ -34,7 +34,7 @@ from services.proxy.call.sse import DONE, SSESplitter
 from services.proxy.call.tool_calls import missing_parser_message, offered_tool_names, tool_call_stats
 from services.proxy.dialects.responses_chain import find
 from services.proxy.dialects.translation import Dialect, StreamTranslator
-from services.proxy.engines.model_tables import ModelRoutes
+from services.proxy.engines.model_tables import ROLE_POLICY, ModelRoutes, requested_model
 from services.proxy.engines.routing import Endpoint
 from services.proxy.engines.upstream import Upstream, UpstreamResult, close_response
 from services.proxy.engines.weight_check import not_current_error
@@ -68,8 +68,11 @@ class _Call:
     offered_tools: frozenset[str] | None = None
     # A train chat call: its tokens are remembered, so that the rollout's next turn can continue them.
     continued: bool = False
-    # The model it is routed to: its rollout's label, else the proxy's own.
+    # The model it is routed to: its rollout's label, else the proxy's own, or the policy its role map names.
     model: str = ""
+    # The model name the agent's request sent, and whose call it is by the rollout's role map (ModelRequestRole).
+    requested_model: str = ""
+    role: int = 0
     # What the proxy left out of or changed in the agent's request, one sentence each.
     warnings: tuple[str, ...] = ()
     # The output-token limit the agent's request set (None: none) and the engine's context length (0: unknown).
@@ -144,7 +147,7 @@ class ModelCalls:
         handed_over = False
         entered: str | None = None  # the model whose count the call is in
         try:
-            model = await self.gateway.check_rollout(rollout_id, attempt_id) or self.settings.model_name
+            model, role, requested = await self._route(rollout_id, attempt_id, api, body, agent_body)
             self.coordinator.enter_model(model)
             entered = model
             table = self.routing.table(model)
@@ -161,8 +164,9 @@ class ModelCalls:
                 rollout_id, attempt_id, api, request_bytes.decode(), time.perf_counter(), stream,
                 offered_tool_names(upstream_body),
                 continued=self.continuation is not None and mode == "train" and engine_api == CHAT
-                and upstream_body.get("n") in (None, 1),
-                model=model, warnings=warnings, limit=requested_limit(upstream_body),
+                and upstream_body.get("n") in (None, 1) and role == ROLE_POLICY,
+                model=model, requested_model=requested, role=role, warnings=warnings,
+                limit=requested_limit(upstream_body),
             )  # fmt: skip
             for warning in warnings:
                 log.info("rollout %s: %s call: %s", rollout_id, api, warning)
@@ -231,6 +235,23 @@ class ModelCalls:
         finally:
             if not handed_over:
                 self.coordinator.leave(entered)
+
+    async def _route(
+        self, rollout_id: str, attempt_id: str, api: str, body: dict, agent_body: dict
+    ) -> tuple[str, int, str]:
+        """The model the call goes to, its role and the model name the agent sent, by the rollout's labels. A name
+        its role map refuses (or a map that cannot be read) is recorded as a failed call, then answered."""
+        models = await self.gateway.check_rollout(rollout_id, attempt_id)
+        own = models.model or self.settings.model_name
+        requested = requested_model(agent_body)
+        try:
+            model, role = models.route(requested, own)
+        except ProxyError as err:
+            call = _Call(rollout_id, attempt_id, api, dumps(body, "The request body").decode(), time.perf_counter(),
+                         bool(body.get("stream")), model=own, requested_model=requested)  # fmt: skip
+            await self.record(call, Endpoint(""), 0, err.status, json.dumps(err.body()), ERROR)
+            raise
+        return model, role, requested
 
     async def _fit(self, call: _Call, endpoint: Endpoint, upstream_body: dict, request_bytes: bytes) -> bytes:
         """The request to send once its output limit fits the engine's context (call/max_tokens_fit.py)."""
@@ -332,6 +353,8 @@ class ModelCalls:
             warnings=call.warnings,
             requested_max_tokens=requested,
             granted_max_tokens=granted_tokens,
+            requested_model=call.requested_model,
+            role=call.role,
         )
         started = time.perf_counter()
         event = model_request_event(record)

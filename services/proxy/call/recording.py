@@ -37,6 +37,9 @@ class CallRecord:
     # An output-token limit the engine lowered to fit its context: what was asked, what was granted (0: none).
     requested_max_tokens: int = 0
     granted_max_tokens: int = 0
+    # The model name the agent's request sent, and whose call it was by the rollout's role map (ModelRequestRole).
+    requested_model: str = ""
+    role: int = 0
 
 
 _USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
@@ -72,6 +75,10 @@ def model_request_event(record: CallRecord) -> event_pb2.Event:
     if record.requested_max_tokens:
         request["requested_max_tokens"] = record.requested_max_tokens
         request["granted_max_tokens"] = record.granted_max_tokens
+    if record.requested_model:
+        request["requested_model"] = record.requested_model
+    if record.role:
+        request["role"] = record.role
     return event_pb2.Event(
         rollout_id=record.rollout_id,
         attempt_id=record.attempt_id,

@@ -9,21 +9,76 @@ Each model keeps its own table (routing.py): its endpoints, its newest version, 
 serving two runs' adapters is listed in both tables and is held back or released in each on its own account (the
 engine check reads each model's adapter on it). A rollout naming a model nobody registered finds no endpoint: it is
 never sent to another model's engines.
+
+A rollout may also carry a role map (the label `agl_roles`, services/role_map.py): then each call goes by the model
+name its request sends, to the policy the map names for it (the rollout's own model, another registered model, a
+frozen one), and the call's record says which (ModelRequest.role). Without the label every call goes to the rollout's
+own model whatever name it sends, as before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
+from services import role_map
+from services._gen.agl.v1 import event_pb2
 from services.proxy.engines.routing import Endpoint, RoutingTable
+from services.proxy.errors import ProxyError
 
 # The rollout label naming the model its calls go to (services/trainer/rollouts/specs.py LABEL_MODEL sets it).
 MODEL_LABEL = "agl_model"
 
+ROLE_POLICY = event_pb2.MODEL_REQUEST_ROLE_POLICY
+ROLE_OTHER_POLICY = event_pb2.MODEL_REQUEST_ROLE_OTHER_POLICY
+ROLE_FROZEN = event_pb2.MODEL_REQUEST_ROLE_FROZEN
 
-def rollout_model(labels: Mapping[str, str]) -> str:
-    """The model a rollout's labels name ("" when none: the proxy's own)."""
-    return labels.get(MODEL_LABEL, "")
+
+@dataclass(frozen=True)
+class RolloutModels:
+    """What a rollout's labels say about where its calls go: its own model and its role map."""
+
+    model: str = ""  # its own model ("": the proxy's own)
+    roles: role_map.RoleMap | None = None
+    problem: str = ""  # a role map label that does not parse: every call of the rollout is refused with it
+
+    def route(self, requested: str, own: str) -> tuple[str, int]:
+        """The model a call whose request names `requested` goes to, and its ModelRequestRole; `own` is the
+        rollout's own model. ProxyError when the map refuses the name or cannot be read."""
+        if self.problem:
+            raise ProxyError("role_map_invalid", f"This rollout's role map ({role_map.LABEL_ROLES}) is refused: "
+                             f"{self.problem}.")  # fmt: skip
+        if self.roles is None:
+            return own, ROLE_POLICY
+        try:
+            role = self.roles.resolve(requested)
+        except role_map.UnmappedModel as err:
+            raise ProxyError("model_not_mapped", str(err)) from None
+        if role is None:
+            return own, ROLE_POLICY
+        model = own if role.policy in (role_map.POLICY, own) else role.policy
+        if role.frozen:
+            return model, ROLE_FROZEN
+        return model, ROLE_POLICY if model == own else ROLE_OTHER_POLICY
+
+
+def requested_model(body: Mapping[str, object]) -> str:
+    """The model name an agent's request sends (its `model`, in every API it speaks); "" when none."""
+    value = body.get("model")
+    return value if isinstance(value, str) else ""
+
+
+def rollout_models(labels: Mapping[str, str]) -> RolloutModels:
+    """Where a rollout's labels send its calls: its `agl_model` ("" when none: the proxy's own) and its role map."""
+    model = labels.get(MODEL_LABEL, "")
+    text = labels.get(role_map.LABEL_ROLES)
+    if text is None:
+        return RolloutModels(model)
+    try:
+        roles = role_map.from_label(text)
+    except role_map.RoleMapError as err:
+        return RolloutModels(model, problem=str(err))
+    return RolloutModels(model, None if roles.empty else roles)
 
 
 class ModelRoutes:

@@ -25,7 +25,7 @@ from typing import Any
 from services._gen.agl.v1 import event_pb2, ledger_service_pb2, rollout_pb2
 from services.client import DeadlineExceeded, LedgerClient, LedgerError
 from services.printable import printable
-from services.proxy.engines.model_tables import ModelRoutes, rollout_model
+from services.proxy.engines.model_tables import ModelRoutes, RolloutModels, rollout_models
 from services.proxy.engines.routing import Endpoint
 from services.proxy.errors import ProxyError, from_ledger
 
@@ -56,34 +56,34 @@ class LedgerGateway:
         self.client = client
         self._append_timeout = append_timeout_s
         self._ttl = cache_ttl_s
-        # rollout id -> (state, attempt id, checked at, the model its label names)
-        self._states: OrderedDict[str, tuple[int, str, float, str]] = OrderedDict()
-        self._pending: dict[str, asyncio.Future[tuple[int, str, str]]] = {}
+        # rollout id -> (state, attempt id, checked at, where its labels send its calls)
+        self._states: OrderedDict[str, tuple[int, str, float, RolloutModels]] = OrderedDict()
+        self._pending: dict[str, asyncio.Future[tuple[int, str, RolloutModels]]] = {}
 
     # -- rollouts ---------------------------------------------------------------------------------------------
 
-    async def check_rollout(self, rollout_id: str, attempt_id: str) -> str:
+    async def check_rollout(self, rollout_id: str, attempt_id: str) -> RolloutModels:
         """Raises 404 for an unknown rollout or an attempt other than the rollout's, 409 for a finished rollout, 503
-        when the ledger cannot say. Returns the model the rollout's label names ("": none, the proxy's own)."""
-        state, attempt, model = await self._state(rollout_id)
+        when the ledger cannot say. Returns where the rollout's labels send its calls (its model, its role map)."""
+        state, attempt, models = await self._state(rollout_id)
         if state in _TERMINAL:
             raise _finished(rollout_id)
         if attempt != attempt_id:
             # The cached entry may predate the attempt (the rollout was seen queuing): ask the ledger once more.
-            state, attempt, model = await self._state(rollout_id, fresh=True)
+            state, attempt, models = await self._state(rollout_id, fresh=True)
             if state in _TERMINAL:
                 raise _finished(rollout_id)
             if attempt != attempt_id:
                 raise ProxyError(
                     "rollout_not_found", f"Rollout {rollout_id} has no attempt {attempt_id} (its attempt is {attempt})."
                 )
-        return model
+        return models
 
     async def model_of(self, rollout_id: str) -> str:
         """The model the rollout's label names ("": none, the proxy's own), whatever its state; 404 for an unknown
         rollout."""
-        _, _, model = await self._state(rollout_id)
-        return model
+        _, _, models = await self._state(rollout_id)
+        return models.model
 
     async def v1_attempt(self, rollout_id: str) -> str:
         """The attempt Agent Lightning v1.0's constant attempt "0" names on this rollout (for master-key callers):
@@ -96,14 +96,14 @@ class LedgerGateway:
         _, attempt, _ = await self._state(rollout_id, fresh=True)  # the cache may predate a claim
         return attempt
 
-    async def _state(self, rollout_id: str, fresh: bool = False) -> tuple[int, str, str]:
+    async def _state(self, rollout_id: str, fresh: bool = False) -> tuple[int, str, RolloutModels]:
         cached = self._states.get(rollout_id)
         if cached is not None and not fresh and (cached[0] in _TERMINAL or time.monotonic() - cached[2] < self._ttl):
             return cached[0], cached[1], cached[3]
         pending = self._pending.get(rollout_id)
         if pending is not None:
             return await asyncio.shield(pending)
-        future: asyncio.Future[tuple[int, str, str]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[tuple[int, str, RolloutModels]] = asyncio.get_running_loop().create_future()
         self._pending[rollout_id] = future
         try:
             rollout = await _translated("GetRollout", self.client.get_rollout(rollout_id))
@@ -119,13 +119,13 @@ class LedgerGateway:
         finally:
             del self._pending[rollout_id]
         state, attempt = rollout.status.state, rollout.status.attempt_id
-        model = rollout_model(rollout.metadata.labels)
-        self._remember(rollout_id, state, attempt, model)
-        future.set_result((state, attempt, model))
-        return state, attempt, model
+        models = rollout_models(rollout.metadata.labels)
+        self._remember(rollout_id, state, attempt, models)
+        future.set_result((state, attempt, models))
+        return state, attempt, models
 
-    def _remember(self, rollout_id: str, state: int, attempt_id: str, model: str = "") -> None:
-        self._states[rollout_id] = (state, attempt_id, time.monotonic(), model)
+    def _remember(self, rollout_id: str, state: int, attempt_id: str, models: RolloutModels | None = None) -> None:
+        self._states[rollout_id] = (state, attempt_id, time.monotonic(), models or RolloutModels())
         self._states.move_to_end(rollout_id)
         while len(self._states) > _CACHE_SIZE:
             self._states.popitem(last=False)

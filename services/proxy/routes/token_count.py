@@ -15,7 +15,7 @@ import orjson
 
 from services.proxy.call.rewrite import parse_body
 from services.proxy.dialects import anthropic_messages
-from services.proxy.engines.model_tables import ModelRoutes
+from services.proxy.engines.model_tables import ModelRoutes, requested_model
 from services.proxy.engines.routing import Endpoint
 from services.proxy.errors import ProxyError
 from services.proxy.fleet.ledger_gateway import LedgerGateway
@@ -40,7 +40,8 @@ async def count_tokens(
 ) -> dict[str, Any]:
     """Anthropic's answer, {"input_tokens": N}; a ProxyError where the request or the engine says no."""
     body = parse_body(raw)
-    model = await gateway.check_rollout(rollout_id, attempt_id) or default_model
+    models = await gateway.check_rollout(rollout_id, attempt_id)
+    model, _ = models.route(requested_model(body), models.model or default_model)
     request = anthropic_messages.to_tokenize(body, model)
     endpoints = routing.table(model).ranked(rollout_id)
     if not endpoints:

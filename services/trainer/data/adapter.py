@@ -22,7 +22,7 @@ from services.trainer.data.loss import ROW_WEIGHTS_KEY, per_rollout_token_weight
 from services.trainer.data.settings import DataPathSettings
 from services.trainer.data.step_health import FLAGGED_COUNTS, RowFlags, StepHealth, row_health
 from services.trainer.data.trace_stats import row_metrics
-from services.trainer.data.triplets import REWARD_MISSING, RolloutTrace
+from services.trainer.data.triplets import OTHER_ROLE_CALLS, REWARD_MISSING, RolloutTrace
 
 
 @dataclass
@@ -95,6 +95,8 @@ def build_training_batch(
             # trains on the fill value, and this is where that shows.
             "agl/data/reward_missing": float(counts.get(REWARD_MISSING, 0)),
             "agl/data/reward_filled_fraction": counts.get(REWARD_MISSING, 0) / max(len(traces), 1),
+            # Calls the rollouts' role maps sent to another policy or a frozen one: recorded, never in a batch.
+            "agl/data/other_role_calls": float(counts.get(OTHER_ROLE_CALLS, 0)),
             "agl/data/rows_built": float(len(rows)),
             "agl/data/rows_trained": float(len(kept)),
             "agl/align/dropped_zero_variance_rows": float(alignment.dropped_zero_variance_rows),

@@ -3,11 +3,17 @@ counts every drop, while the ledger's view just projects (services/ledger/triple
 
 Pure: reads the triplet-view events that arrive with a terminal-stream entry and returns plain Python objects. Of
 calls with the same prompt tokens only the last counts (`last_call_per_prompt`: a retry supersedes what it retried);
-one triplet per successful `model_request` with a non-empty response; the rollout's last reward is attached (missing
--> the fill value). Every drop is counted in the caller's Counter (agl/data/...). The repeat check costs about 2 us a
-call here (+23 us on 145 us for a 10-call rollout's trace, bench/trainer_bench.py's rollouts); dropping it from the
-ledger's view changed the fetch by nothing measurable. Log-probs that do not line up with the response or are not
-finite the ledger leaves out once, at append: that decides no call's fate, only whether it carries log-probs.
+one triplet per successful `model_request` of the rollout's own policy with a non-empty response; the rollout's last
+reward is attached (missing -> the fill value). Every drop is counted in the caller's Counter (agl/data/...). The
+repeat check costs about 2 us a call here (+23 us on 145 us for a 10-call rollout's trace, bench/trainer_bench.py's
+rollouts); dropping it from the ledger's view changed the fetch by nothing measurable. Log-probs that do not line up
+with the response or are not finite the ledger leaves out once, at append: that decides no call's fate, only whether
+it carries log-probs.
+
+A call its rollout's role map sent to another policy or a frozen one (ModelRequest.role; services/role_map.py) is
+never a triplet, whatever it holds: it is counted (`other_role_calls`) and left out of the call outcomes the step
+health reads. Leaving it out keeps the main conversation exact: trajectory rows merge a call into any earlier row
+its prompt continues (aggregation.py), so a side call between two of the policy's calls breaks nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ DROPPED_ERROR_CALLS = "dropped_error_calls"
 DROPPED_EMPTY_RESPONSES = "dropped_empty_responses"
 LOGPROBS_MISSING = "logprobs_missing_calls"
 REWARD_MISSING = "reward_missing"
+OTHER_ROLE_CALLS = "other_role_calls"
+
+# The roles whose calls this run does not train: another policy's, a frozen one's.
+_OTHER_ROLES = frozenset({event_pb2.MODEL_REQUEST_ROLE_OTHER_POLICY, event_pb2.MODEL_REQUEST_ROLE_FROZEN})
 
 
 @dataclass(frozen=True)
@@ -217,6 +227,9 @@ def _scan(events: Iterable[event_pb2.Event], counts: Counter[str]) -> _Scan:
         kind = event.WhichOneof("payload")
         if kind == "model_request" or (kind is None and event.event_type == MODEL_REQUEST):
             call = event.model_request
+            if call.role in _OTHER_ROLES:  # another policy's or a frozen role's: neither trained nor in its health
+                counts[OTHER_ROLE_CALLS] += 1
+                continue
             scan.last_call_at = position
             scan.last_call_status = call.http_status or 200
             if call.status not in (event_pb2.MODEL_REQUEST_STATUS_OK, event_pb2.MODEL_REQUEST_STATUS_UNSPECIFIED):

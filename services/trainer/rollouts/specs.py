@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from services import role_map
 from services._gen.agl.v1 import rollout_pb2
 
 LABEL_RUN = "agl_run"
@@ -41,6 +42,9 @@ class LaunchSettings:
     # The model the run trains (agl.model_name; a LoRA run's adapter name): each rollout is labelled with it, and
     # the proxies send its calls to that model's engines. "": no label, the proxies' own model.
     model_name: str = ""
+    # The run's role map as its label (agl.roles; services/role_map.py): the proxies route each call by the model
+    # name it sends. "": none, every call goes to model_name.
+    roles: str = ""
 
     def to_proto(self) -> rollout_pb2.RolloutConfig:
         config = rollout_pb2.RolloutConfig(timeout_seconds=self.timeout_seconds)
@@ -103,6 +107,8 @@ def build_specs(
     labels = {LABEL_RUN: run_id, LABEL_STEP: str(step), LABEL_GROUP: group, LABEL_DATA_ID: sample.data_id}
     if launch.model_name:
         labels[LABEL_MODEL] = launch.model_name
+    if launch.roles:
+        labels[role_map.LABEL_ROLES] = launch.roles
     input_json = json.dumps(sample.input, separators=(",", ":"))
     config = launch.to_proto()
     return [

@@ -25,25 +25,27 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x61gl/v1/event.proto\x12\x06\x61gl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"T\n\nTokenUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x03\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x03\"\xa0\x04\n\x0cModelRequest\x12\x14\n\x0crequest_json\x18\x01 \x01(\t\x12\x15\n\rresponse_json\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x03\x12\x1a\n\x12response_token_ids\x18\x04 \x03(\x03\x12\x19\n\x11response_logprobs\x18\x05 \x03(\x01\x12\x1d\n\x15has_response_logprobs\x18\x06 \x01(\x08\x12\r\n\x05model\x18\x07 \x01(\t\x12\x15\n\rmodel_version\x18\x08 \x01(\x03\x12\x10\n\x08\x65ndpoint\x18\t \x01(\t\x12\x17\n\x0flatency_seconds\x18\n \x01(\x01\x12\x13\n\x0bhttp_status\x18\x0b \x01(\x05\x12\x13\n\x0bretry_count\x18\x0c \x01(\x05\x12!\n\x05usage\x18\r \x01(\x0b\x32\x12.agl.v1.TokenUsage\x12\x15\n\rfinish_reason\x18\x0e \x01(\t\x12*\n\x06status\x18\x0f \x01(\x0e\x32\x1a.agl.v1.ModelRequestStatus\x12\x0b\n\x03\x61pi\x18\x10 \x01(\t\x12\x0e\n\x06stream\x18\x11 \x01(\x08\x12)\n\ntool_calls\x18\x12 \x01(\x0b\x32\x15.agl.v1.ToolCallStats\x12\x10\n\x08warnings\x18\x13 \x03(\t\x12\x1c\n\x14requested_max_tokens\x18\x14 \x01(\x03\x12\x1a\n\x12granted_max_tokens\x18\x15 \x01(\x03\"\x90\x01\n\rToolCallStats\x12\x15\n\roffered_tools\x18\x01 \x01(\x05\x12\x14\n\x0cparsed_calls\x18\x02 \x01(\x05\x12\x16\n\x0eunparsed_calls\x18\x03 \x01(\x05\x12\x1a\n\x12unknown_tool_calls\x18\x04 \x01(\x05\x12\x1e\n\x16invalid_argument_calls\x18\x05 \x01(\x05\"j\n\x06Reward\x12\x12\n\x05value\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x11\n\tdata_json\x18\x05 \x01(\tB\x08\n\x06_value\"\x89\x02\n\x05\x45vent\x12\x12\n\nrollout_id\x18\x01 \x01(\t\x12\x12\n\nattempt_id\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x03\x12\x12\n\nevent_type\x18\x04 \x01(\t\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x65vent_id\x18\x06 \x01(\t\x12-\n\rmodel_request\x18\n \x01(\x0b\x32\x14.agl.v1.ModelRequestH\x00\x12 \n\x06reward\x18\x0b \x01(\x0b\x32\x0e.agl.v1.RewardH\x00\x12\x13\n\tdata_json\x18\x0c \x01(\tH\x00\x42\t\n\x07payload*T\n\tEventView\x12\x1a\n\x16\x45VENT_VIEW_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x45VENT_VIEW_FULL\x10\x01\x12\x16\n\x12\x45VENT_VIEW_TRIPLET\x10\x02*\x9c\x01\n\x12ModelRequestStatus\x12$\n MODEL_REQUEST_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17MODEL_REQUEST_STATUS_OK\x10\x01\x12\x1e\n\x1aMODEL_REQUEST_STATUS_ERROR\x10\x02\x12#\n\x1fMODEL_REQUEST_STATUS_INCOMPLETE\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x61gl/v1/event.proto\x12\x06\x61gl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"T\n\nTokenUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x03\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x03\"\xe1\x04\n\x0cModelRequest\x12\x14\n\x0crequest_json\x18\x01 \x01(\t\x12\x15\n\rresponse_json\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x03\x12\x1a\n\x12response_token_ids\x18\x04 \x03(\x03\x12\x19\n\x11response_logprobs\x18\x05 \x03(\x01\x12\x1d\n\x15has_response_logprobs\x18\x06 \x01(\x08\x12\r\n\x05model\x18\x07 \x01(\t\x12\x15\n\rmodel_version\x18\x08 \x01(\x03\x12\x10\n\x08\x65ndpoint\x18\t \x01(\t\x12\x17\n\x0flatency_seconds\x18\n \x01(\x01\x12\x13\n\x0bhttp_status\x18\x0b \x01(\x05\x12\x13\n\x0bretry_count\x18\x0c \x01(\x05\x12!\n\x05usage\x18\r \x01(\x0b\x32\x12.agl.v1.TokenUsage\x12\x15\n\rfinish_reason\x18\x0e \x01(\t\x12*\n\x06status\x18\x0f \x01(\x0e\x32\x1a.agl.v1.ModelRequestStatus\x12\x0b\n\x03\x61pi\x18\x10 \x01(\t\x12\x0e\n\x06stream\x18\x11 \x01(\x08\x12)\n\ntool_calls\x18\x12 \x01(\x0b\x32\x15.agl.v1.ToolCallStats\x12\x10\n\x08warnings\x18\x13 \x03(\t\x12\x1c\n\x14requested_max_tokens\x18\x14 \x01(\x03\x12\x1a\n\x12granted_max_tokens\x18\x15 \x01(\x03\x12\x17\n\x0frequested_model\x18\x16 \x01(\t\x12&\n\x04role\x18\x17 \x01(\x0e\x32\x18.agl.v1.ModelRequestRole\"\x90\x01\n\rToolCallStats\x12\x15\n\roffered_tools\x18\x01 \x01(\x05\x12\x14\n\x0cparsed_calls\x18\x02 \x01(\x05\x12\x16\n\x0eunparsed_calls\x18\x03 \x01(\x05\x12\x1a\n\x12unknown_tool_calls\x18\x04 \x01(\x05\x12\x1e\n\x16invalid_argument_calls\x18\x05 \x01(\x05\"j\n\x06Reward\x12\x12\n\x05value\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x11\n\tdata_json\x18\x05 \x01(\tB\x08\n\x06_value\"\x89\x02\n\x05\x45vent\x12\x12\n\nrollout_id\x18\x01 \x01(\t\x12\x12\n\nattempt_id\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x03\x12\x12\n\nevent_type\x18\x04 \x01(\t\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x65vent_id\x18\x06 \x01(\t\x12-\n\rmodel_request\x18\n \x01(\x0b\x32\x14.agl.v1.ModelRequestH\x00\x12 \n\x06reward\x18\x0b \x01(\x0b\x32\x0e.agl.v1.RewardH\x00\x12\x13\n\tdata_json\x18\x0c \x01(\tH\x00\x42\t\n\x07payload*T\n\tEventView\x12\x1a\n\x16\x45VENT_VIEW_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x45VENT_VIEW_FULL\x10\x01\x12\x16\n\x12\x45VENT_VIEW_TRIPLET\x10\x02*\x9c\x01\n\x12ModelRequestStatus\x12$\n MODEL_REQUEST_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17MODEL_REQUEST_STATUS_OK\x10\x01\x12\x1e\n\x1aMODEL_REQUEST_STATUS_ERROR\x10\x02\x12#\n\x1fMODEL_REQUEST_STATUS_INCOMPLETE\x10\x03*\x99\x01\n\x10ModelRequestRole\x12\"\n\x1eMODEL_REQUEST_ROLE_UNSPECIFIED\x10\x00\x12\x1d\n\x19MODEL_REQUEST_ROLE_POLICY\x10\x01\x12#\n\x1fMODEL_REQUEST_ROLE_OTHER_POLICY\x10\x02\x12\x1d\n\x19MODEL_REQUEST_ROLE_FROZEN\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agl.v1.event_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EVENTVIEW']._serialized_start=1219
-  _globals['_EVENTVIEW']._serialized_end=1303
-  _globals['_MODELREQUESTSTATUS']._serialized_start=1306
-  _globals['_MODELREQUESTSTATUS']._serialized_end=1462
+  _globals['_EVENTVIEW']._serialized_start=1284
+  _globals['_EVENTVIEW']._serialized_end=1368
+  _globals['_MODELREQUESTSTATUS']._serialized_start=1371
+  _globals['_MODELREQUESTSTATUS']._serialized_end=1527
+  _globals['_MODELREQUESTROLE']._serialized_start=1530
+  _globals['_MODELREQUESTROLE']._serialized_end=1683
   _globals['_TOKENUSAGE']._serialized_start=63
   _globals['_TOKENUSAGE']._serialized_end=147
   _globals['_MODELREQUEST']._serialized_start=150
-  _globals['_MODELREQUEST']._serialized_end=694
-  _globals['_TOOLCALLSTATS']._serialized_start=697
-  _globals['_TOOLCALLSTATS']._serialized_end=841
-  _globals['_REWARD']._serialized_start=843
-  _globals['_REWARD']._serialized_end=949
-  _globals['_EVENT']._serialized_start=952
-  _globals['_EVENT']._serialized_end=1217
+  _globals['_MODELREQUEST']._serialized_end=759
+  _globals['_TOOLCALLSTATS']._serialized_start=762
+  _globals['_TOOLCALLSTATS']._serialized_end=906
+  _globals['_REWARD']._serialized_start=908
+  _globals['_REWARD']._serialized_end=1014
+  _globals['_EVENT']._serialized_start=1017
+  _globals['_EVENT']._serialized_end=1282
 # @@protoc_insertion_point(module_scope)

@@ -22,6 +22,13 @@ class ModelRequestStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODEL_REQUEST_STATUS_OK: _ClassVar[ModelRequestStatus]
     MODEL_REQUEST_STATUS_ERROR: _ClassVar[ModelRequestStatus]
     MODEL_REQUEST_STATUS_INCOMPLETE: _ClassVar[ModelRequestStatus]
+
+class ModelRequestRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MODEL_REQUEST_ROLE_UNSPECIFIED: _ClassVar[ModelRequestRole]
+    MODEL_REQUEST_ROLE_POLICY: _ClassVar[ModelRequestRole]
+    MODEL_REQUEST_ROLE_OTHER_POLICY: _ClassVar[ModelRequestRole]
+    MODEL_REQUEST_ROLE_FROZEN: _ClassVar[ModelRequestRole]
 EVENT_VIEW_UNSPECIFIED: EventView
 EVENT_VIEW_FULL: EventView
 EVENT_VIEW_TRIPLET: EventView
@@ -29,6 +36,10 @@ MODEL_REQUEST_STATUS_UNSPECIFIED: ModelRequestStatus
 MODEL_REQUEST_STATUS_OK: ModelRequestStatus
 MODEL_REQUEST_STATUS_ERROR: ModelRequestStatus
 MODEL_REQUEST_STATUS_INCOMPLETE: ModelRequestStatus
+MODEL_REQUEST_ROLE_UNSPECIFIED: ModelRequestRole
+MODEL_REQUEST_ROLE_POLICY: ModelRequestRole
+MODEL_REQUEST_ROLE_OTHER_POLICY: ModelRequestRole
+MODEL_REQUEST_ROLE_FROZEN: ModelRequestRole
 
 class TokenUsage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens")
@@ -41,7 +52,7 @@ class TokenUsage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
 
 class ModelRequest(_message.Message):
-    __slots__ = ("request_json", "response_json", "prompt_token_ids", "response_token_ids", "response_logprobs", "has_response_logprobs", "model", "model_version", "endpoint", "latency_seconds", "http_status", "retry_count", "usage", "finish_reason", "status", "api", "stream", "tool_calls", "warnings", "requested_max_tokens", "granted_max_tokens")
+    __slots__ = ("request_json", "response_json", "prompt_token_ids", "response_token_ids", "response_logprobs", "has_response_logprobs", "model", "model_version", "endpoint", "latency_seconds", "http_status", "retry_count", "usage", "finish_reason", "status", "api", "stream", "tool_calls", "warnings", "requested_max_tokens", "granted_max_tokens", "requested_model", "role")
     REQUEST_JSON_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_JSON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +74,8 @@ class ModelRequest(_message.Message):
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GRANTED_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_MODEL_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     request_json: str
     response_json: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -84,7 +97,9 @@ class ModelRequest(_message.Message):
     warnings: _containers.RepeatedScalarFieldContainer[str]
     requested_max_tokens: int
     granted_max_tokens: int
-    def __init__(self, request_json: _Optional[str] = ..., response_json: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., has_response_logprobs: _Optional[bool] = ..., model: _Optional[str] = ..., model_version: _Optional[int] = ..., endpoint: _Optional[str] = ..., latency_seconds: _Optional[float] = ..., http_status: _Optional[int] = ..., retry_count: _Optional[int] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., status: _Optional[_Union[ModelRequestStatus, str]] = ..., api: _Optional[str] = ..., stream: _Optional[bool] = ..., tool_calls: _Optional[_Union[ToolCallStats, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., requested_max_tokens: _Optional[int] = ..., granted_max_tokens: _Optional[int] = ...) -> None: ...
+    requested_model: str
+    role: ModelRequestRole
+    def __init__(self, request_json: _Optional[str] = ..., response_json: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., has_response_logprobs: _Optional[bool] = ..., model: _Optional[str] = ..., model_version: _Optional[int] = ..., endpoint: _Optional[str] = ..., latency_seconds: _Optional[float] = ..., http_status: _Optional[int] = ..., retry_count: _Optional[int] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., status: _Optional[_Union[ModelRequestStatus, str]] = ..., api: _Optional[str] = ..., stream: _Optional[bool] = ..., tool_calls: _Optional[_Union[ToolCallStats, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., requested_max_tokens: _Optional[int] = ..., granted_max_tokens: _Optional[int] = ..., requested_model: _Optional[str] = ..., role: _Optional[_Union[ModelRequestRole, str]] = ...) -> None: ...
 
 class ToolCallStats(_message.Message):
     __slots__ = ("offered_tools", "parsed_calls", "unparsed_calls", "unknown_tool_calls", "invalid_argument_calls")
