@@ -50,7 +50,7 @@ def _event(seq: int, ev: event_pb2.Event) -> event_pb2.Event:
     return ev
 
 
-def test_triplet_view_trims_every_call_and_leaves_other_events_out():
+def test_triplet_view_keeps_last_call_per_prompt_at_its_position():
     events = [
         _event(1, model_request("r", [1], [2], [-1.0])),
         _event(2, model_request("r", [9], [8], [-1.0, -2.0])),  # lengths differ: log-probs dropped
@@ -59,11 +59,11 @@ def test_triplet_view_trims_every_call_and_leaves_other_events_out():
         _event(5, reward("r", 1.0)),
     ]
     view = triplet_view(events)
-    assert [e.sequence for e in view] == [1, 2, 3, 5]  # the repeated prompt too: the trainer drops it, counted
-    assert not view[1].model_request.has_response_logprobs and not view[1].model_request.response_logprobs
-    assert [list(e.model_request.response_token_ids) for e in view[:3]] == [[2], [8], [3]]
-    assert view[2].model_request.request_json == ""
-    assert view[3].reward.value == 1.0 and view[3].reward.message == ""
+    assert [e.sequence for e in view] == [2, 3, 5]
+    assert not view[0].model_request.has_response_logprobs and not view[0].model_request.response_logprobs
+    assert list(view[1].model_request.response_token_ids) == [3]
+    assert view[1].model_request.request_json == ""
+    assert view[2].reward.value == 1.0 and view[2].reward.message == ""
 
 
 def test_terminal_log_paging_removal_and_reached_cursor():

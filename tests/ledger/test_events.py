@@ -152,13 +152,13 @@ async def test_stream_append_refuses_a_finished_rollout_unless_allowed(stub, uid
     assert replies[1].request_id == 2 and replies[1].error_code == 0 and list(replies[1].append.sequences) == [1]
 
 
-async def test_triplet_view_trims_keeps_repeats_and_nulls_bad_logprobs(stub, uid):
+async def test_triplet_view_trims_dedupes_and_nulls_bad_logprobs(stub, uid):
     rid = f"{uid}-r"
     await create(stub, rid)
     await update(stub, rid, RUNNING, attempt_id="a")
     await append(
         stub,
-        model_request(rid, [1, 2, 3], [10, 11], [-0.5, -0.25]),  # kept: a later call repeating it is the trainer's
+        model_request(rid, [1, 2, 3], [10, 11], [-0.5, -0.25]),  # superseded by the retry with the same prompt
         custom(rid, '{"tool": "calc"}'),  # left out of the triplet view
         model_request(rid, [1, 2, 3], [12, 13], [-0.1, -0.2]),
         model_request(rid, [1, 2, 3, 12, 13, 4], [14], [-0.3, -0.4]),  # log-probs do not match the response
@@ -167,9 +167,7 @@ async def test_triplet_view_trims_keeps_repeats_and_nulls_bad_logprobs(stub, uid
         reward(rid, 0.75),
     )
     view = await list_events(stub, rid, view=TRIPLET)
-    assert [e.sequence for e in view] == [1, 3, 4, 5, 6, 7]
-    assert list(view[0].model_request.response_token_ids) == [10, 11]
-    view = view[1:]
+    assert [e.sequence for e in view] == [3, 4, 5, 6, 7]
     calls = [e.model_request for e in view[:4]]
     assert list(calls[0].response_token_ids) == [12, 13] and list(calls[0].response_logprobs) == [-0.1, -0.2]
     assert calls[0].has_response_logprobs and calls[0].model == "m" and calls[0].model_version == 3

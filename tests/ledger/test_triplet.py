@@ -148,14 +148,14 @@ def test_unusual_encodings_take_the_message_path():
         wire.scan(b"\x0b")  # a group
 
 
-def test_view_keeps_every_call_repeated_prompts_too():
-    # Which calls train (a repeated prompt's earlier calls do not) is the trainer's rule, counted there: the view
-    # only projects, so the trainer sees the repeats it counts.
+def test_view_keeps_the_last_call_per_prompt_by_prompt_bytes():
     events = [
         model_request("r", [1, 300], [2], [-1.0]),
         model_request("r", [1, 300, 4], [2], [-1.0]),
+        model_request("r", [], [5]),
         reward("r", 0.5),
-        model_request("r", [1, 300], [3], [-0.5]),  # repeats the first prompt
+        model_request("r", [1, 300], [3], [-0.5]),  # repeats the first prompt: the first one goes
+        model_request("r", [], [6]),  # no prompt tokens either: nothing says it repeats seq 3, both stay
         custom("r", "{}"),
     ]
     rows = []
@@ -164,9 +164,10 @@ def test_view_keeps_every_call_repeated_prompts_too():
         stored, length = triplet.split(event.SerializeToString())
         if length:
             rows.append((seq, event.event_type, stored[:length]))
-    assert [seq for seq, _ in triplet.view(rows)] == [1, 2, 3, 4]
-    assert [e.sequence for e in triplet.triplet_view(events)] == [1, 2, 3, 4]
-    assert [list(e.model_request.response_token_ids) for e in triplet.triplet_view(events)[::3]] == [[2], [3]]
+    assert triplet.prompt_key(rows[0][2]) == triplet.prompt_key(rows[4][2]) != triplet.prompt_key(rows[1][2])
+    assert triplet.prompt_key(rows[2][2]) == b""
+    assert [seq for seq, _ in triplet.view(rows)] == [2, 3, 4, 5, 6]
+    assert [e.sequence for e in triplet.triplet_view(events)] == [2, 3, 4, 5, 6]
 
 
 async def test_stores_give_back_whole_events_and_their_triplet_forms(core: Ledger):
@@ -213,7 +214,7 @@ async def test_an_older_sqlite_file_is_brought_up_to_date(tmp_path: Path):
         full = [event_pb2.Event.FromString(data) for _, data in store.read_events("a", None, None, 0, 100)]
         assert full == old
         view = triplet.view(store.read_triplets("a", "t1", None))
-        assert [seq for seq, _ in view] == [1, 3, 4]
-        assert event_pb2.Event.FromString(view[2][1]).model_request.request_json == ""
+        assert [seq for seq, _ in view] == [3, 4]
+        assert event_pb2.Event.FromString(view[1][1]).model_request.request_json == ""
     finally:
         await store.close()

@@ -11,7 +11,7 @@ from services._gen.agl.v1 import event_pb2
 from services.trainer.data.adapter import DataPathSettings, build_training_batch
 from services.trainer.data.aggregation import rows_from_trace
 from services.trainer.data.batch import MISSING_ROLLOUT_LOG_PROBS_KEY
-from services.trainer.data.triplets import RolloutTrace, Triplet, last_call_per_prompt, trace_from_events
+from services.trainer.data.triplets import trace_from_events
 
 from .events import call, reward
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.trainer
 # A three-call rollout: call 1 continues call 0 (the agent added context [6, 7]); call 2 starts over.
 MULTI_TURN = [
     call([1, 2, 3], [4, 5], [-0.1, -0.2]),
-    call([], [9], status=event_pb2.MODEL_REQUEST_STATUS_ERROR),  # the engine answered with an error
+    call([1, 2, 3], [9], status=event_pb2.MODEL_REQUEST_STATUS_ERROR),
     call([1, 2, 3, 4, 5, 6, 7], [8], [-0.3]),
     call([5], [], []),
     reward(0.5),
@@ -46,28 +46,6 @@ def test_triplets_drop_failed_and_empty_calls_and_keep_last_reward() -> None:
     assert [x.turn_index for x in t.triplets] == [0, 1, 2]
     assert t.reward == 1.0 and not t.reward_missing
     assert counts == Counter({"dropped_error_calls": 1, "dropped_empty_responses": 1})
-
-
-def test_a_repeated_prompt_trains_once_its_last_call_and_each_repeat_is_counted() -> None:
-    counts: Counter[str] = Counter()
-    events = [
-        call([1, 2, 3], [4, 5], [-0.1, -0.2]),
-        call([7], [8], [-0.3]),
-        call([1, 2, 3], [6], [-0.4]),  # a retry of the first: it supersedes it, at its own position
-        call([], [9], [-0.5]),  # no prompt tokens: nothing says it repeats the next one, both stay
-        call([], [9], [-0.5]),
-        call([1, 2, 3], [], status=event_pb2.MODEL_REQUEST_STATUS_ERROR),  # the last of the prompt, even failed
-        reward(1.0),
-    ]
-    t = trace("r1", "g1", events, counts)
-    assert [(x.prompt_ids, x.response_ids) for x in t.triplets] == [([7], [8]), ([], [9]), ([], [9])]
-    assert [x.turn_index for x in t.triplets] == [0, 1, 2] and t.failed_calls == 1
-    assert counts == Counter({"dropped_repeated_prompts": 2, "dropped_error_calls": 1})
-    # What the trainer's hooks and judge see, and `agl collect` records: the same calls, counted the same way.
-    seen: Counter[str] = Counter()
-    assert last_call_per_prompt(events, seen) == [events[1], events[3], events[4], events[5], events[6]]
-    assert seen == Counter({"dropped_repeated_prompts": 2})
-    assert last_call_per_prompt(events[:2], seen) == events[:2] and seen["dropped_repeated_prompts"] == 2
 
 
 def test_missing_reward_takes_fill_value_and_is_counted() -> None:
@@ -283,13 +261,8 @@ def test_of_several_rows_a_call_continues_it_goes_to_the_longest_then_the_last_e
         ([1], [2, 3, 4, 5, 6], [1, 1, 1, 0, 1]),
         ([1, 2], [3], [1]),
     ]
-    # Two equal rows (the same call sampled twice alike): the next call goes to the one a call went to last. Built
-    # as triplets: from events, the second call would supersede the first (a repeated prompt).
+    # Two equal rows (the same call sampled twice alike): the next call goes to the one a call went to last.
     counts = Counter()
-    alike = [Triplet([1], [2], [-0.1], 0), Triplet([1], [2], [-0.2], 1), Triplet([1, 2, 3], [4], [-0.3], 2)]
-    rows = rows_from_trace(
-        RolloutTrace("r1", "g1", "d", 0.0, alike), "trajectory", max_prompt_length=64, max_response_length=64,
-        counts=counts,
-    )  # fmt: skip
+    rows = _rows([call([1], [2], [-0.1]), call([1], [2], [-0.2]), call([1, 2, 3], [4], [-0.3])], counts)
     assert [(r.response_ids, r.logprobs) for r in rows] == [([2], [-0.1]), ([2, 3, 4], [-0.2, 0.0, -0.3])]
     assert counts["trajectory_breaks"] == 1 and counts["merged_calls"] == 1

@@ -56,9 +56,9 @@ def test_each_failure_mode_is_counted_by_name_with_its_rollouts() -> None:
         build("no-reward", "g0", [call([1], [2])]),
         build("tools", "g1", [call([1], [2], tools=unparsed), call([1, 2, 3], [4], tools=good_tool), reward(0.5)]),
         build("unknown", "g1", [call([1], [2], tools=unknown, finish="length"), reward(0.0)]),
-        build("err-call", "g1", [call([], [], status=failed), call([1], [2]), reward(0.0)]),
+        build("err-call", "g1", [call([1], [], status=failed), call([1], [2]), reward(0.0)]),
         # The engine restarting under it (the proxy held every engine back: 503), then its answer.
-        build("restart", "g1", [call([], [], status=failed, http_status=503), call([1], [2]), reward(0.0)]),
+        build("restart", "g1", [call([1], [], status=failed, http_status=503), call([1], [2]), reward(0.0)]),
         build("killed", "g1", [call([1], [2])], ok=False, reason="KILLED"),
         build("exit", "g1", [], ok=False, reason="EXIT_CODE"),
         # Its engine away for longer than the agent waits: every call answered 503, then the agent gave up.

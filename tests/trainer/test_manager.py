@@ -217,43 +217,6 @@ async def test_hooks_rewrite_requests_and_add_events(ledger: ServiceProcess, run
     await client.close()
 
 
-SEEING_HOOKS = """
-class Hooks:
-    seen = []
-
-    def on_succeeded(self, rollout, events):
-        Hooks.seen.append([list(e.model_request.response_token_ids) for e in events if e.event_type == "model_request"])
-"""
-
-
-@pytest.mark.parametrize("hooked", [False, True])
-async def test_a_repeated_prompt_trains_once_and_is_counted(
-    ledger: ServiceProcess, run_id: str, tmp_path: Path, hooked: bool
-) -> None:
-    # The ledger's view carries every call; the trainer keeps the last per prompt and counts the rest, once, whether
-    # the hooks (which see the same calls) ran the rule first or trace building did.
-    path = tmp_path / "seeing_hooks.py"
-    path.write_text(SEEING_HOOKS)
-    hooks = load_hooks(f"{path}:Hooks") if hooked else None
-    client = LedgerClient(ledger.address)
-    manager = RolloutManager(client, settings(run_id, tmp_path, n=1, train_batch_size=1), hooks=hooks)
-    await manager.start()
-    try:
-        task = asyncio.create_task(manager.collect(1, samples("d")))
-        (rollout_id,) = await wait_rollouts(client, run_id, 1)
-        calls = [([1, 2], [3]), ([1, 2], [4]), ([1, 2, 4, 5], [6]), ([1, 2], [7])]  # [1, 2] three times
-        await finish(client, rollout_id, calls=calls)
-        result = await asyncio.wait_for(task, 20)
-    finally:
-        await manager.close()
-    (trace,) = result.traces
-    assert [(t.prompt_ids, t.response_ids) for t in trace.triplets] == [([1, 2, 4, 5], [6]), ([1, 2], [7])]
-    assert result.counts["dropped_repeated_prompts"] == 2
-    if hooks is not None:
-        assert hooks.seen == [[[6], [7]]]
-    await client.close()
-
-
 async def test_hook_events_reach_the_ledger(ledger: ServiceProcess, run_id: str, tmp_path: Path) -> None:
     from services.trainer.rollouts.hooks import on_finished
 

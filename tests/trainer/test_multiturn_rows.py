@@ -184,7 +184,7 @@ def test_trace_metrics_count_turns_tool_calls_and_what_did_not_parse(tokenizer: 
     unparsed_call.model_request.finish_reason = "length"
     wrong_tool = call([1, 2], [5, 2], [-0.1, -0.1])
     wrong_tool.model_request.tool_calls.CopyFrom(stats(parsed=2, unknown=1, invalid=1))
-    failed = call([], [], status=event_pb2.MODEL_REQUEST_STATUS_ERROR)  # an engine error: no tokens
+    failed = call([1, 2], [], status=event_pb2.MODEL_REQUEST_STATUS_ERROR)
     traces = [
         calc,
         trace_of("r1", "g0", [unparsed_call], 0.0),

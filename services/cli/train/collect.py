@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from services._gen.agl.v1 import rollout_pb2
 from services.client import LedgerClient
-from services.trainer.data.triplets import last_call_per_prompt
 
 STATE_NAMES = {
     rollout_pb2.ROLLOUT_STATE_QUEUING: "queued",
@@ -64,7 +62,7 @@ def trajectory(entry: Any) -> dict[str, Any]:
         "reward": None,
         "calls": [],
     }
-    for event in last_call_per_prompt(entry.events, Counter()):  # a repeated prompt's earlier calls never count
+    for event in entry.events:
         if event.event_type == "reward" and event.WhichOneof("payload") == "reward":
             record["reward"] = event.reward.value if event.reward.HasField("value") else None
         elif event.event_type == "model_request":

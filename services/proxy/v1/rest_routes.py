@@ -45,7 +45,6 @@ from services.proxy.v1.rest_shapes import (
     status_patch,
     terminal_item,
     transition_refusal,
-    triplet_events,
 )
 
 log = logging.getLogger(__name__)
@@ -248,10 +247,7 @@ class RestFacade:
         events = await self.client.list_events(
             rollout_id, attempt_id=ALL_ATTEMPTS, event_type=request.query_params.get("event_type", ""), view=view
         )
-        shaped = [(event.attempt_id, event_json(event, triplet)) for event in events]
-        if triplet:
-            shaped = triplet_events(shaped)
-        return _json([body for attempt, body in shaped if attempt in ("", current)])
+        return _json([event_json(event, triplet) for event in events if event.attempt_id in ("", current)])
 
     # -- models ------------------------------------------------------------------------------------------------
 

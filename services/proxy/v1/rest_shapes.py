@@ -300,23 +300,6 @@ def event_json(event: event_pb2.Event, triplet: bool = False) -> dict[str, Any]:
     }
 
 
-def triplet_events(shaped: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
-    """v1.0's `format=triplet` listing of (attempt id, event body) pairs: its route keeps only the last
-    model_request per non-empty prompt_token_ids (v1.0's `_dedupe_model_requests_by_prompt_token_ids`). The ledger's
-    view keeps every call; AGL's trainer applies the same rule in its data path (services/trainer/data/triplets.py)."""
-    latest: dict[tuple[int, ...], int] = {}
-    for index, (_, body) in enumerate(shaped):
-        prompt = body["data"].get("prompt_token_ids") if body["event_type"] == "model_request" else None
-        if prompt:
-            latest[tuple(prompt)] = index
-    kept = set(latest.values())
-    return [
-        (attempt, body)
-        for index, (attempt, body) in enumerate(shaped)
-        if index in kept or body["event_type"] != "model_request" or not body["data"].get("prompt_token_ids")
-    ]
-
-
 # -- models --------------------------------------------------------------------------------------------------------
 
 

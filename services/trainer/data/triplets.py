@@ -1,19 +1,10 @@
-"""Which calls train, decided here only: the trainer sees every call (failed and empty ones feed step health) and
-counts every drop, while the ledger's view just projects (services/ledger/triplet.py).
+"""Triplets: the trainable (prompt tokens, response tokens, log-probs) calls of one finished rollout.
 
-Pure: reads the triplet-view events that arrive with a terminal-stream entry and returns plain Python objects. Of
-calls with the same prompt tokens only the last counts (`last_call_per_prompt`: a retry supersedes what it retried);
-one triplet per successful `model_request` of the rollout's own policy with a non-empty response; the rollout's last
-reward is attached (missing -> the fill value). Every drop is counted in the caller's Counter (agl/data/...). The
-repeat check costs about 2 us a call here (+23 us on 145 us for a 10-call rollout's trace, bench/trainer_bench.py's
-rollouts); dropping it from the ledger's view changed the fetch by nothing measurable. Log-probs that do not line up
-with the response or are not finite the ledger leaves out once, at append: that decides no call's fate, only whether
-it carries log-probs.
-
-A call its rollout's role map sent to another policy or a frozen one (ModelRequest.role; services/role_map.py) is
-never a triplet, whatever it holds: it is counted (`other_role_calls`) and left out of the call outcomes the step
-health reads. Leaving it out keeps the main conversation exact: trajectory rows merge a call into any earlier row
-its prompt continues (aggregation.py), so a side call between two of the policy's calls breaks nothing.
+Pure: reads the triplet-view events that arrive with a terminal-stream entry and returns plain Python
+objects. One triplet per successful `model_request` of the rollout's own policy with a non-empty response; the
+rollout's last reward is attached (missing -> the fill value). Every drop is counted in the caller's Counter. The
+ledger's view has already kept one call per distinct prompt (its contract to every consumer; why the rule is
+split so: services/ledger/triplet.py).
 """
 
 from __future__ import annotations
@@ -30,7 +21,6 @@ MODEL_REQUEST = "model_request"
 REWARD = "reward"
 
 # Counter keys (reported as metrics under agl/data/...).
-DROPPED_REPEATED_PROMPTS = "dropped_repeated_prompts"
 DROPPED_ERROR_CALLS = "dropped_error_calls"
 DROPPED_EMPTY_RESPONSES = "dropped_empty_responses"
 LOGPROBS_MISSING = "logprobs_missing_calls"
@@ -123,41 +113,6 @@ def call_text(call: event_pb2.ModelRequest) -> CallText:
     )
 
 
-def _is_call(event: event_pb2.Event) -> bool:
-    kind = event.WhichOneof("payload")
-    return kind == "model_request" or (kind is None and event.event_type == MODEL_REQUEST)
-
-
-def _repeats(events: list[event_pb2.Event]) -> tuple[set[int], dict[int, list[int]]]:
-    """The positions of the calls whose prompt tokens a later call repeats, and the prompt tokens of the calls that
-    have some, by position (read once: protobuf's repeated fields convert element by element, the costly part)."""
-    repeated: set[int] = set()
-    prompts: dict[int, list[int]] = {}
-    seen: set[tuple[int, ...]] = set()
-    for position in range(len(events) - 1, -1, -1):  # from the end: the last call per prompt is the one that stays
-        event = events[position]
-        if _is_call(event) and (ids := list(event.model_request.prompt_token_ids)):
-            before = len(seen)
-            seen.add(tuple(ids))  # one hash of the tokens, not two (`in`, then `add`)
-            if len(seen) == before:
-                repeated.add(position)
-            else:
-                prompts[position] = ids
-    return repeated, prompts
-
-
-def last_call_per_prompt(events: Iterable[event_pb2.Event], counts: Counter[str]) -> list[event_pb2.Event]:
-    """`events` (in sequence order) less each call whose prompt tokens a later call repeats, each one counted: a
-    retried or repeated call must not train twice, and the last is the one the agent went on with. Calls without
-    prompt tokens all stay: an empty prompt identifies nothing (validation calls are recorded without token ids)."""
-    events = list(events)
-    repeated, _ = _repeats(events)
-    if not repeated:
-        return events
-    counts[DROPPED_REPEATED_PROMPTS] += len(repeated)
-    return [event for position, event in enumerate(events) if position not in repeated]
-
-
 # A rollout that failed for what looks like the agent's reason (it exited non-zero, raised) right after the proxy
 # answered its last model call 502, 503 or 504 (the engine unreachable, dead mid-answer, every engine held back as
 # restarted or overloaded, or past the proxy's timeout) failed because its engine did: the agent's exit is the
@@ -214,16 +169,9 @@ class _Scan:
 
 
 def _scan(events: Iterable[event_pb2.Event], counts: Counter[str]) -> _Scan:
-    """One pass over a rollout's events (calls whose prompt a later call repeats left out, counted): triplets, the
-    last reward, every successful call's outcome, failures."""
+    """One pass over a rollout's events: triplets, the last reward, every successful call's outcome, failures."""
     scan = _Scan()
-    events = list(events)
-    repeated, prompts = _repeats(events)
-    if repeated:
-        counts[DROPPED_REPEATED_PROMPTS] += len(repeated)
     for position, event in enumerate(events):
-        if position in repeated:
-            continue
         kind = event.WhichOneof("payload")
         if kind == "model_request" or (kind is None and event.event_type == MODEL_REQUEST):
             call = event.model_request
@@ -249,7 +197,7 @@ def _scan(events: Iterable[event_pb2.Event], counts: Counter[str]) -> _Scan:
                 counts[LOGPROBS_MISSING] += 1
             scan.triplets.append(
                 Triplet(
-                    prompt_ids=prompts.get(position, []),
+                    prompt_ids=list(call.prompt_token_ids),
                     response_ids=response,
                     logprobs=logprobs,
                     turn_index=len(scan.triplets),
@@ -276,8 +224,7 @@ def trace_from_events(
     attempts: int = 1,
     attempt_id: str = "",
 ) -> RolloutTrace:
-    """Builds a RolloutTrace from the rollout's events (repeated prompts left out here if they are still there); a
-    missing reward becomes reward_fillna_value and is counted."""
+    """Builds a RolloutTrace; a missing reward becomes reward_fillna_value and is counted."""
     scan = _scan(events, counts)
     if not succeeded and failure_reason in AGENT_REASONS and scan.last_call_status in ENGINE_FAILURE_STATUSES:
         failure_reason = ENGINE_FAILED

@@ -30,13 +30,7 @@ from tqdm import tqdm
 
 from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
 from services.client import RETRY_LATER, LedgerClient, LedgerError
-from services.trainer.data.triplets import (
-    CallText,
-    RolloutTrace,
-    call_text,
-    last_call_per_prompt,
-    trace_from_events,
-)
+from services.trainer.data.triplets import CallText, RolloutTrace, call_text, trace_from_events
 from services.trainer.judge.group_judge import GroupJudge, JudgeFailure, Member, judge_groups
 from services.trainer.rollouts import hooks as user_hooks
 from services.trainer.rollouts.feed import TerminalFeed
@@ -503,7 +497,7 @@ class RolloutManager:
         appended: list[event_pb2.Event] = []
         hook_events = 0
         judge_failures: list[JudgeFailure] = []
-        members: dict[str, list[tuple[Any, list[event_pb2.Event], bool, list[event_pb2.Event]]]] = {}
+        members: dict[str, list[tuple[Any, bool, list[event_pb2.Event]]]] = {}
         for record in records:
             ages.append(float(step - record.step))
             group = members[record.group_id] = []
@@ -517,32 +511,29 @@ class RolloutManager:
                     queue_wait.append(_seconds(status.start_time) - _seconds(status.create_time))
                     if status.HasField("end_time"):
                         run_time.append(_seconds(status.end_time) - _seconds(status.start_time))
-                # Hooks and the judge see the calls that count (trace_from_events drops the repeats otherwise).
-                counted = self.hooks is not None or self.judge is not None
-                events = last_call_per_prompt(entry.events, counts) if counted else list(entry.events)
-                extra = await user_hooks.on_finished(self.hooks, rollout, events, ok)
-                known = {e.event_id for e in events if e.event_id}
+                extra = await user_hooks.on_finished(self.hooks, rollout, entry.events, ok)
+                known = {e.event_id for e in entry.events if e.event_id}
                 extra = [e for e in extra if e.event_id not in known]
                 appended.extend(extra)
                 hook_events += len(extra)
-                group.append((entry, events, ok, extra))
+                group.append((entry, ok, extra))
         if self.judge is not None:  # the judge's rewards join the hooks' events; a group it could not score is left out
-            groups = {g: [Member(e.rollout, [*ev, *x], ok) for e, ev, ok, x in m] for g, m in members.items()}
+            groups = {g: [Member(e.rollout, [*e.events, *x], ok) for e, ok, x in m] for g, m in members.items()}
             judged, judge_failures = await judge_groups(self.judge, groups)
-            for entry, _, _, extra in (member for group in members.values() for member in group):
+            for entry, _, extra in (member for group in members.values() for member in group):
                 extra.extend(judged.get(entry.rollout.rollout_id, []))
                 appended.extend(judged.get(entry.rollout.rollout_id, []))
         left_out = {failure.group_id for failure in judge_failures}
         for record in records:
             if record.group_id in left_out:
                 continue
-            for entry, events, ok, extra in members[record.group_id]:
+            for entry, ok, extra in members[record.group_id]:
                 rollout, status = entry.rollout, entry.rollout.status
                 trace = trace_from_events(
                     rollout.rollout_id,
                     record.group_id,
                     rollout.metadata.labels.get(LABEL_DATA_ID, record.data_id),
-                    [*events, *extra],
+                    [*entry.events, *extra],
                     reward_fillna_value=self.settings.reward_fillna_value,
                     counts=counts,
                     succeeded=ok,
