@@ -258,16 +258,20 @@ async def test_creation_is_retried_until_the_ledger_answers_without_duplicates(r
     task = asyncio.create_task(manager.collect(1, samples("d")))
     await asyncio.sleep(0.3)  # the manager is now retrying against a ledger that is down
     with start_ledger(store=store, port=port):
+        # The test's own calls on a channel of their own: the manager's channel may still be in its reconnect backoff
+        # from the ledger's downtime, and a call made there fails at once (UNAVAILABLE) with no retry of its own.
+        checker = LedgerClient(address)
         try:
-            ids = await wait_rollouts(client, run_id, 4)
+            ids = await wait_rollouts(checker, run_id, 4)
             assert len(ids) == 4 == len(set(ids))
             for rid in ids:
-                await finish(client, rid)
+                await finish(checker, rid)
             result = await asyncio.wait_for(task, 30)
             assert len(result.traces) == 4
         finally:
             await manager.close()
             await client.close()
+            await checker.close()
 
 
 async def test_register_endpoints_sets_the_model_version(ledger: ServiceProcess, run_id: str, tmp_path: Path) -> None:
