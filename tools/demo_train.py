@@ -35,6 +35,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from services.cli.train import plan as train_plan  # noqa: E402
 from services.cli.train import session  # noqa: E402
+from services.cli.train.options import non_negative_float  # noqa: E402
 from tools.demo_agents import AGENTS, DemoAgent  # noqa: E402
 
 MATH_AGENT = AGENTS["math"].agent_class
@@ -77,6 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--lr", type=float, default=None, help="actor learning rate (1e-4; 1e-3 with --lora; 0: a control run)"
     )
     group.add_argument("--lr-warmup-steps", type=int, default=10, help="optimizer steps of linear lr warm-up")
+    group.add_argument(
+        "--kl-coef",
+        type=non_negative_float,
+        default=None,
+        help="KL loss to the warm start (verl's kl_loss_coef, low_var_kl; math 0.1, calc 0: none)",
+    )
     group.add_argument("--mini-batches", type=int, default=1, help="optimizer updates per step (tasks split)")
     group.add_argument("--train-tasks", type=int, default=None, help="training tasks generated (math 336, calc 2000)")
     group.add_argument("--val-tasks", type=int, default=64, help="held-out tasks (greedy accuracy)")
@@ -127,6 +134,8 @@ def resolve_agent_defaults(args: argparse.Namespace) -> DemoAgent:
         args.train_tasks = agent.train_tasks
     if args.warm_start_steps is None:
         args.warm_start_steps = agent.warm_steps
+    if args.kl_coef is None:
+        args.kl_coef = agent.kl_coef
     return agent
 
 
@@ -276,6 +285,14 @@ def clear_previous_run(output_dir: Path) -> None:
 FULL_LR, LORA_LR = 1e-4, 1e-3
 
 
+def kl_overrides(kl_coef: float) -> list[str]:
+    """verl's KL loss to the reference (the warm start; with --lora, the base under the adapter), or none for 0."""
+    if kl_coef <= 0:
+        return []
+    actor = "actor_rollout_ref.actor"
+    return [f"{actor}.use_kl_loss=true", f"{actor}.kl_loss_coef={kl_coef}", f"{actor}.kl_loss_type=low_var_kl"]
+
+
 def actor_lr(args: argparse.Namespace) -> float:
     if args.lr is not None:
         return float(args.lr)
@@ -321,6 +338,7 @@ def demo_plan(
             "agl.retention.keep_steps=-1",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={max(1, args.tasks_per_step // max(1, args.mini_batches))}",
             f"actor_rollout_ref.actor.optim.lr_warmup_steps={args.lr_warmup_steps}",
+            *kl_overrides(args.kl_coef),
         ],
         val_label="held-out accuracy",
         multi_turn=agent.tools is not None,
