@@ -49,9 +49,11 @@ async def remaining_by_step(stack: Stack, run_id: str) -> dict[str, int]:
 
 
 def test_three_steps_train_push_and_clean_up(stack: Stack, cpu_engine: Engine, tmp_path: Path) -> None:
-    # Step 1's groups post no reward signal (skipped update); steps 2 and 3 learn.
+    # Step 1's groups post no reward signal (skipped update); steps 2 and 3 learn, with a KL loss to the start: verl
+    # shards that reference apart from the actor, with a pinned-memory offload CPU machines cannot do unpatched.
     tasks = write_tasks(tmp_path / "tasks.jsonl", ["zero", "zero", "parity", "parity", "parity", "parity"])
-    run = run_trainer(stack, cpu_engine, "cpu3", tasks, steps=3, lr=1e-3)
+    kl = ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.1"]
+    run = run_trainer(stack, cpu_engine, "cpu3", tasks, steps=3, lr=1e-3, extra=kl)
     assert run.returncode == 0, run.output[-5000:]
     assert [r["step"] for r in run.metrics if r["step"] > 0] == [1, 2, 3]
 
@@ -62,12 +64,14 @@ def test_three_steps_train_push_and_clean_up(stack: Stack, cpu_engine: Engine, t
         step = run.step(n)
         assert step["agl/update/skipped_no_signal"] == 0.0
         assert "actor/pg_loss" in step and "actor/grad_norm" in step
+        assert "actor/kl_loss" in step
         assert step["agl/push/engines"] == 1.0
         # The rows of each step were sampled by the engine after the last push: same weights, same log-probs.
         assert step["agl/push/logprob_diff_max"] < 1e-4, step
         assert step["agl/rollout/succeeded"] == 8.0
 
     assert max_weight_change(cpu_engine.model_dir, run.weights_dir) > 0.0
+    assert run.step(3)["actor/kl_loss"] > 0.0  # step 2 moved the actor away from the reference
     # The engine serves the pushed weights: its log-probs equal transformers' on the trainer's file.
     answer = chat(cpu_engine, "hello")
     choice = answer["choices"][0]

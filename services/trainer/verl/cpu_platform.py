@@ -192,6 +192,24 @@ def _patch_process_group_backend() -> None:
     engine_workers.initialize_global_process_group_ray = initialize_global_process_group_ray
 
 
+def _patch_reference_offload() -> None:
+    """verl shards a forward-only model (the KL loss's reference) with CPUOffloadPolicy(pin_memory=True); pinning
+    needs an accelerator ("Cannot access accelerator device when none is available"), and on CPU the weights are in
+    host memory already: the same policy, unpinned."""
+    import verl.workers.engine.fsdp.transformer_impl as transformer_impl
+
+    original = transformer_impl.CPUOffloadPolicy
+    if getattr(original, "_agl_cpu", False):
+        return
+
+    def unpinned(pin_memory: bool = True, **kwargs: Any) -> Any:
+        del pin_memory
+        return original(pin_memory=False, **kwargs)
+
+    unpinned._agl_cpu = True  # type: ignore[attr-defined]
+    transformer_impl.CPUOffloadPolicy = unpinned
+
+
 def install() -> None:
     """Registers the CPU engine and applies the backend patch; refuses another verl version."""
     if verl.__version__ != VERL_VERSION:
@@ -200,6 +218,7 @@ def install() -> None:
         )
     _register_cpu_engines()
     _patch_process_group_backend()
+    _patch_reference_offload()
 
 
 if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME:
