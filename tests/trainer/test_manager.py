@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.client import LedgerClient
+from services.client import THROUGH_RESTARTS, LedgerClient
 from services.trainer.rollouts.hooks import load_hooks
 from services.trainer.rollouts.manager import ManagerSettings, RolloutManager
 from services.trainer.rollouts.specs import LABEL_GROUP, LABEL_RUN, LABEL_STEP, LaunchSettings, Sample, build_specs
@@ -258,9 +258,11 @@ async def test_creation_is_retried_until_the_ledger_answers_without_duplicates(r
     task = asyncio.create_task(manager.collect(1, samples("d")))
     await asyncio.sleep(0.3)  # the manager is now retrying against a ledger that is down
     with start_ledger(store=store, port=port):
-        # The test's own calls on a channel of their own: the manager's channel may still be in its reconnect backoff
-        # from the ledger's downtime, and a call made there fails at once (UNAVAILABLE) with no retry of its own.
-        checker = LedgerClient(address)
+        # The test's own calls retry as the trainer's do (THROUGH_RESTARTS): gRPC shares one subchannel per address
+        # between channels, and after the downtime it may still be in its reconnect backoff (1 s growing 1.6x), so
+        # the first calls fail at once with the cached "Connection refused" for longer than the default policy's
+        # six tries (under 1.6 s of sleeps) wait. Seen at load 5-20: the client's own channel did not help.
+        checker = LedgerClient(address, retry=THROUGH_RESTARTS)
         try:
             ids = await wait_rollouts(checker, run_id, 4)
             assert len(ids) == 4 == len(set(ids))
