@@ -7,6 +7,7 @@ import re
 
 import orjson
 
+from services import role_map
 from services._gen.agl.v1 import event_pb2, rollout_pb2
 
 from .attempts import check_policy
@@ -63,6 +64,13 @@ def check_spec(spec: rollout_pb2.RolloutSpec, index: int) -> None:
     if spec.config.timeout_seconds < 0:
         raise InvalidArgument(f"{where}: config.timeout_seconds must not be negative")
     check_policy(spec.config.retry, where)
+    roles = spec.metadata.labels.get(role_map.LABEL_ROLES)
+    if roles is not None:
+        # Refused here, whole, rather than call by call at the proxy once the rollout's agent runs.
+        try:
+            role_map.from_label(roles)
+        except role_map.RoleMapError as err:
+            raise InvalidArgument(f"{where}: metadata.labels[{role_map.LABEL_ROLES!r}]: {err}") from None
 
 
 def check_event(event: event_pb2.Event, index: int) -> None:

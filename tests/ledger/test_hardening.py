@@ -9,6 +9,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services import role_map
 from services._gen.agl.v1 import ledger_service_pb2 as pb
 from services._gen.agl.v1 import ledger_service_pb2_grpc, rollout_pb2
 from tests.support.procs import start_ledger
@@ -193,3 +194,29 @@ async def test_aged_and_idle_connections_are_recycled_without_cutting_watches(tm
             await create(stub, "first")
             await asyncio.sleep(2.5)  # idle past the limit: the server closed the connection
             assert [r.rollout_id for r in await create(stub, "second")] == ["second"]
+
+
+@pytest.mark.parametrize(
+    "bad_map",
+    [
+        "not json",
+        '{"roles": "gpt-4o=policy"}',
+        '{"roles": [{"match": "gpt 4o", "policy": "policy", "frozen": false}], "unmapped": "policy"}',
+        '{"roles": [], "unmapped": "sometimes"}',
+    ],
+)
+async def test_a_role_map_label_that_cannot_route_is_refused_at_creation_naming_the_label(
+    stub, uid: str, bad_map: str
+) -> None:
+    # Refused with the whole batch at the ledger, not call by call at the proxy once the agent runs.
+    good = spec(f"{uid}-ok", {"agl_roles": role_map.from_settings(["gpt-4o=policy"], []).to_label()})
+    bad = spec(f"{uid}-bad", {"agl_roles": bad_map})
+    request = pb.CreateRolloutsRequest(rollouts=[good, bad])
+    details = await expect_error(grpc.StatusCode.INVALID_ARGUMENT, stub.CreateRollouts(request))
+    assert "rollouts[1]" in details and "agl_roles" in details
+    listed = await stub.ListRollouts(
+        pb.ListRolloutsRequest(label_selector={"agl_roles": good.metadata.labels["agl_roles"]})
+    )
+    assert [r.rollout_id for r in listed.rollouts if r.rollout_id.startswith(uid)] == []  # nothing of the batch stored
+    created = await create(stub, f"{uid}-ok", labels=dict(good.metadata.labels))
+    assert created[0].metadata.labels["agl_roles"] == good.metadata.labels["agl_roles"]
