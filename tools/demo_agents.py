@@ -48,8 +48,6 @@ class DemoAgent:
     # Where the warm start stops early (None: it runs warm_steps): a greedy accuracy on a probe of training tasks
     # from warm_stop_accuracy to warm_stop_below, checked every 25 steps from warm_min_steps on (past the band
     # between two checks, it goes back one check and looks every 5 steps); warm_steps is then the most it runs.
-    # The KL loss to the warm start (verl's use_kl_loss, low_var_kl) RL trains with; 0: none.
-    kl_coef: float = 0.0
     warm_stop_accuracy: float | None = None
     warm_stop_below: float = 1.0
     warm_min_steps: int = 0
@@ -93,10 +91,6 @@ AGENTS = {
         warm_steps=300,
         warm_lr=1e-3,
         train_tasks=336,
-        # Measured in the recipe lab (16 x 4, lr 1e-4, 60 steps from this start, held-out rise at step 60): no KL
-        # +0.17 to +0.30 over ten seeds, the policy often peaking and giving back in the last steps; KL 0.01 +0.14
-        # to +0.34; KL 0.1 +0.20 to +0.31, steadier (docs/getting-started/demo.md, the recipe).
-        kl_coef=0.1,
         loop=AgentLoop(opening=math_tasks.messages, tools=None, step=_math_step),
     ),
     "calc": DemoAgent(
