@@ -16,7 +16,7 @@ import pytest
 
 from services import role_map
 from services._gen.agl.v1 import event_pb2, model_pb2, rollout_pb2
-from services.client import LedgerClient
+from services.client import InvalidArgument, LedgerClient
 from tests.support.procs import ServiceProcess
 
 from .conftest import AUTH, MODEL, Http, base_url, run_proxy, run_standin
@@ -133,14 +133,15 @@ async def test_unmapped_names_go_to_the_rollouts_policy_and_a_role_of_another_po
     ]
 
 
-async def test_a_role_map_that_cannot_be_read_is_refused_on_every_call_naming_the_problem(
+async def test_a_role_map_that_cannot_be_read_is_refused_at_creation_so_no_call_of_it_reaches_the_proxy(
     proxy: Http, engines: tuple[Http, Http], client: LedgerClient
 ) -> None:
+    # The ledger refuses such a label with its rollout (services/ledger/validation.py); the proxy's own refusal
+    # (400 role_map_invalid) stays behind it for a ledger that did not check.
     own, judge = engines
     await registered(client, proxy, own, judge)
     bad = '{"roles": [{"match": "claude haiku", "policy": "judge-7b"}]}'
-    rollout_id = await rollout(client, bad)
-    reply = await send(proxy, rollout_id, chat("gpt-4o"))
-    assert reply.status_code == 400 and reply.json()["error"]["code"] == "role_map_invalid", reply.text
-    assert "role 'claude haiku': a model name or pattern is" in reply.json()["error"]["message"]
-    assert await records(client, rollout_id) == [("gpt-4o", MODEL, "", 0, 400)]
+    with pytest.raises(InvalidArgument) as refused:
+        await rollout(client, bad)
+    assert "agl_roles" in str(refused.value) and "role 'claude haiku': a model name or pattern is" in str(refused.value)
+    assert [r for r in await client.list_rollouts() if r.metadata.labels.get(role_map.LABEL_ROLES) == bad] == []
