@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 
 from services._gen.agl.v1 import event_pb2, rollout_pb2
-from services.client import LedgerClient, LedgerError
+from services.client import LedgerClient, LedgerError, RetryPolicy
 from services.trainer.judge import endpoint, scoring
 from services.trainer.judge.cache import ScoreCache
 
@@ -214,6 +214,7 @@ class GroupJudge:
         if self._http is None:
             self._http = httpx.AsyncClient()
         problem = ""
+        retry = RetryPolicy(attempts=self.settings.attempts, initial_backoff_s=0.2)  # AGL's one backoff, full jitter
         for attempt in range(1, self.settings.attempts + 1):
             try:
                 base_url = await self._base_url()
@@ -236,7 +237,7 @@ class GroupJudge:
                 "group %s: judge attempt %d of %d failed: %s", group_id, attempt, self.settings.attempts, problem
             )
             if attempt < self.settings.attempts:
-                await asyncio.sleep(0.2 * attempt)
+                await asyncio.sleep(retry.backoff(attempt))
         return f"judge failed after {self.settings.attempts} attempt(s): {problem}"
 
     def _events(
