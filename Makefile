@@ -172,7 +172,7 @@ two-runs-test: venvs
 
 # --durations: CI's log names the slowest tests (its 90-minute limit is the budget they share).
 test: venvs harnesses
-	$(PY) -m pytest tests --durations=40
+	$(PY) -m pytest tests --durations=25
 
 # Static checks CI runs before the tests: generated code fresh, buf lint, ruff, the documentation site builds.
 check: check-protos lint docs

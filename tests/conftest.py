@@ -1,5 +1,6 @@
-"""Fixtures shared by every test folder: `cpu_engine` (one real CPU vLLM engine per session), `podman`."""
+"""Fixtures shared by every test folder: `cpu_engine` (one real CPU vLLM engine per session), `podman`; and the
+per-test times CI reads (AGL_TEST_TIMES)."""
 
 from __future__ import annotations
 
-pytest_plugins = ["tests.support.engine", "tests.support.containers"]
+pytest_plugins = ["tests.support.engine", "tests.support.containers", "tests.support.test_times"]

@@ -85,7 +85,10 @@ def commands(pids: list[int]) -> list[str]:
 
 def checkpointed(out: Path) -> int:
     tracker = out / "checkpoints" / "latest_checkpointed_iteration.txt"
-    return int(tracker.read_text()) if tracker.exists() else 0
+    # verl rewrites the tracker in place (open "w", then write): read between the two, it is empty, which means
+    # the new step is not checkpointed yet (a CI run read it so and failed on int('')).
+    text = tracker.read_text().strip() if tracker.exists() else ""
+    return int(text) if text else 0
 
 
 class Trainer:
@@ -144,8 +147,15 @@ def kill_when(
 ) -> float:
     """The signal (kill -9 unless told) the moment `ready()` holds (polled every 50 ms): to the trainer's whole
     process group (its container or pod killed, Ctrl-C in its terminal) or to its own pid only (an operator's
-    `kill PID`). Returns when it was sent, once the trainer has exited."""
-    wait_until(proc, ready, what, log)
+    `kill PID`). Returns when it was sent, once the trainer has exited. If the moment never comes, the trainer's
+    group is killed before the failure is raised, so that no trainer outlives its test into the next one."""
+    try:
+        wait_until(proc, ready, what, log)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        raise
     sent = time.monotonic()
     if group:
         os.killpg(proc.pid, sig)
