@@ -170,9 +170,11 @@ multinode-test: venvs
 two-runs-test: venvs
 	$(PY) -m pytest tests/trainer/test_lora_training.py -m two_runs
 
+# Two workers (TEST_WORKERS=0: one process), each test file one unit of work (tests/support/scheduling.py);
 # --durations: CI's log names the slowest tests (its 90-minute limit is the budget they share).
+TEST_WORKERS ?= 2
 test: venvs harnesses
-	$(PY) -m pytest tests --durations=25
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25
 
 # Static checks CI runs before the tests: generated code fresh, buf lint, ruff, the documentation site builds.
 check: check-protos lint docs
