@@ -12,10 +12,19 @@ import os
 
 import pytest
 
+_recording = True
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Under pytest-xdist the controller is handed every worker's reports again: only the process that ran the
+    # test writes its line (a worker, or the one process of a run without workers).
+    global _recording
+    _recording = hasattr(config, "workerinput") or getattr(config.option, "dist", "no") == "no"
+
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     path = os.environ.get("AGL_TEST_TIMES")
-    if not path:
+    if not path or not _recording:
         return
     with open(path, "a", encoding="utf-8") as out:
         out.write(f"{report.duration:.2f}\t{report.when}\t{report.nodeid}\n")
