@@ -162,11 +162,11 @@ demo-check:
 	@$(MAKE) --no-print-directory -j$(JOBS) $(VENV)/.installed-dev $(ENGINE_VENV)/.installed-engine
 	$(PY) tools/demo_check.py $(ARGS)
 
-# The two-node Ray simulation (tools/multinode_sim.py); out of `make test` for CI's time budget (~100 s).
+# The two-node Ray simulation (tools/multinode_sim.py) alone (`make test` runs it too).
 multinode-test: venvs
-	$(PY) -m pytest tests/trainer/test_multinode.py -m "multinode or not multinode"
+	$(PY) -m pytest tests/trainer/test_multinode.py
 
-# Two LoRA trainer runs at once on one CPU engine (issue 32), out of the default run for CI's time budget.
+# Two LoRA trainer runs at once on one CPU engine (issue 32) alone (`make test` runs it too).
 two-runs-test: venvs
 	$(PY) -m pytest tests/trainer/test_lora_training.py -m two_runs
 
