@@ -14,7 +14,13 @@ Last, a burst of a trivial agent class (prints one line) through the warm launch
 when the agent itself costs next to nothing.
 
     .venv/bin/python bench/controller_bench.py [--warm N] [--fresh N] [--paced N]
+    .venv/bin/python bench/controller_bench.py --agent calc [--calc N] [--rounds R]
     .venv/bin/python bench/controller_bench.py --agent true      # the old trivial-command pick-up bench
+
+`--agent calc`: the unmodified calc agent (examples/calc_agent, a tool call and an answer per rollout on the
+stand-in) in bursts through the warm launcher, under controllers started with the defaults,
+--no-launcher-warm-clients and --agent-ca inherit, alternated round by round on one ledger, proxy and stand-in:
+what the launcher's client warm-up (client_warmup.py) and the agents' CA directory (agent_ca.py) earn.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ SUCCEEDED = rollout_pb2.ROLLOUT_STATE_SUCCEEDED
 KEY = "bench-key"
 MODEL = "bench-policy"
 MATH_AGENT = "examples.math_agent.agent:MathAgent"
+CALC_AGENT = "examples.calc_agent.agent:CalcAgent"
 TRIVIAL_AGENT = "tests.controller.agents.simple:SyncAgent"
 TASK_ENV = {"AGL_TASK_QUESTION": "input.question", "AGL_TASK_ANSWER": "input.answer"}
 TICK = os.sysconf("SC_CLK_TCK")
@@ -275,10 +282,19 @@ async def math_bench(ledger: str, metrics_url: str, pids: Pids, args: argparse.N
             await burst(client, metrics_url, pids, "warm", args.trivial, args.concurrency, TRIVIAL_AGENT)
 
 
-def start_math_stack(stack: ExitStack, tmp: Path, args: argparse.Namespace) -> tuple[str, str, Pids]:
-    """Ledger, stand-in engine (registered as the model), proxy and controller; returns addresses and pids."""
+@dataclass
+class ModelStack:
+    ledger: str
+    proxy_url: str
+    ledger_pid: int
+    proxy_pid: int
+    engine_pid: int
+
+
+def start_model_stack(stack: ExitStack, tmp: Path) -> ModelStack:
+    """Ledger, stand-in engine (registered as the model) and proxy."""
     ledger = stack.enter_context(start_ledger(key=KEY, log_dir=tmp))
-    engine_port, proxy_port, metrics_port = free_port(), free_port(), free_port()
+    engine_port, proxy_port = free_port(), free_port()
     engine_url, proxy_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}"
     engine_argv = [sys.executable, "-m", "services.standin", "--host", "127.0.0.1", "--port", str(engine_port)]
     engine = stack.enter_context(
@@ -306,21 +322,100 @@ def start_math_stack(stack: ExitStack, tmp: Path, args: argparse.Namespace) -> t
             log_dir=tmp,
         )
     )
+    return ModelStack(ledger.address, proxy_url, ledger.proc.pid, proxy.proc.pid, engine.proc.pid)
+
+
+def start_controller(
+    stack: ExitStack, tmp: Path, models: ModelStack, concurrency: int, extra: tuple[str, ...] = ()
+) -> tuple[str, Pids]:
+    """A local-runner controller on the model stack; returns its metrics URL and the pids the CPU is read from."""
+    metrics_port = free_port()
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-    argv = [sys.executable, "-m", "services.controller", "--ledger", ledger.address, "--runner", "local"]
-    argv += ["--proxy-url", proxy_url, "--max-concurrency", str(args.concurrency), "--log-dir", f"{tmp}/logs"]
-    argv += ["--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port), "--log-level", "WARNING"]
+    argv = [sys.executable, "-m", "services.controller", "--ledger", models.ledger, "--runner", "local"]
+    argv += ["--proxy-url", models.proxy_url, "--max-concurrency", str(concurrency), "--log-dir", f"{tmp}/logs"]
+    argv += ["--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port), "--log-level", "WARNING", *extra]
     controller = stack.enter_context(
         start_service(
             argv,
-            name="controller",
+            name=f"controller-{uuid.uuid4().hex[:6]}",
             env={"AGL_KEY": KEY},
             ready=lambda _: wait_http_ready(metrics_url),
             log_dir=tmp,
         )
     )
-    pids = Pids(controller.proc.pid, ledger.proc.pid, proxy.proc.pid, engine.proc.pid)
-    return ledger.address, metrics_url, pids
+    return metrics_url, Pids(controller.proc.pid, models.ledger_pid, models.proxy_pid, models.engine_pid)
+
+
+def start_math_stack(stack: ExitStack, tmp: Path, args: argparse.Namespace) -> tuple[str, str, Pids]:
+    """Ledger, stand-in engine (registered as the model), proxy and controller; returns addresses and pids."""
+    models = start_model_stack(stack, tmp)
+    metrics_url, pids = start_controller(stack, tmp, models, args.concurrency)
+    return models.ledger, metrics_url, pids
+
+
+# -- the calc-agent bench: what the launcher's client warm-up and the agents' CA directory earn ------------------
+
+# Controller settings compared, each against the defaults, in alternated rounds on one model stack.
+CALC_VARIANTS: dict[str, tuple[str, ...]] = {
+    "defaults": (),
+    "--no-launcher-warm-clients": ("--no-launcher-warm-clients",),
+    "--agent-ca inherit": ("--agent-ca", "inherit"),
+}
+
+
+def calc_spec(phase: str, i: int) -> rollout_pb2.RolloutSpec:
+    config = rollout_pb2.RolloutConfig(timeout_seconds=120)
+    config.local.agent_class = CALC_AGENT
+    config.local.env_map.update(TASK_ENV)
+    a, b = 100 + i % 170, 3 + (i * 7) % 23
+    return rollout_pb2.RolloutSpec(
+        rollout_id=f"bench-{phase}-{uuid.uuid4().hex[:12]}",
+        input_json=json.dumps({"question": f"What is {a} * {b}?", "answer": str(a * b)}),
+        is_train=True,
+        config=config,
+        metadata=rollout_pb2.RolloutMetadata(labels={"phase": phase}),
+    )
+
+
+async def calc_burst(ledger: str, pids: Pids, phase: str, count: int) -> tuple[float, float, float]:
+    """(rollouts/s succeeded with a reward, agent CPU ms per rollout, model calls per rollout) of one burst."""
+    async with LedgerClient(ledger, KEY) as client:
+        before = snapshot(pids)
+        specs = [calc_spec(phase, i) for i in range(count)]
+        for i in range(0, count, 100):
+            await client.create_rollouts(specs[i : i + 100])
+        done = await wait_done(client, phase, count)
+        after = snapshot(pids)
+        ok = await rewarded(client, done)
+        span = max(seconds(r.status.end_time) for r in done) - min(seconds(r.status.create_time) for r in done)
+        sample = done[:10]
+        calls = 0
+        for rollout in sample:
+            events = await client.list_events(rollout.rollout_id, attempt_id=rollout.status.attempt_id)
+            calls += sum(e.WhichOneof("payload") == "model_request" for e in events)
+    return ok / span, (after["agents"] - before["agents"]) * 1000 / count, calls / len(sample)
+
+
+def run_calc_bench(args: argparse.Namespace, tmp: Path) -> None:
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in CALC_VARIANTS}
+    with ExitStack() as stack:
+        models = start_model_stack(stack, tmp)
+        print(f"{os.cpu_count()} CPUs; calc agent ({CALC_AGENT}) bursts of {args.calc}, concurrency {args.concurrency}")
+        for round_ in range(args.rounds):
+            for name, extra in CALC_VARIANTS.items():
+                with ExitStack() as each:  # a new controller per variant and round: a new launcher
+                    _, pids = start_controller(each, tmp, models, args.concurrency, extra)
+                    asyncio.run(calc_burst(models.ledger, pids, f"warmup-{uuid.uuid4().hex[:8]}", 8))
+                    phase = f"calc-{round_}-{uuid.uuid4().hex[:6]}"
+                    rate, agent_ms, calls = asyncio.run(calc_burst(models.ledger, pids, phase, args.calc))
+                results[name].append((rate, agent_ms, calls))
+                print(f"  round {round_ + 1} {name:28s} {rate:6.1f} rollouts/s  agent CPU {agent_ms:6.1f} ms/rollout  "
+                      f"{calls:.1f} model calls/rollout", flush=True)  # fmt: skip
+    base = statistics.median(r for r, _, _ in results["defaults"])
+    print(f"medians over {args.rounds} rounds:")
+    for name, rows in results.items():
+        rate, agent_ms = statistics.median(r for r, _, _ in rows), statistics.median(a for _, a, _ in rows)
+        print(f"  {name:28s} {rate:6.1f} rollouts/s ({rate / base:.2f}x the defaults)  agent CPU {agent_ms:6.1f} ms")
 
 
 # -- the trivial-command bench (pick-up latency and throughput of the controller alone) -----------------------------
@@ -369,7 +464,7 @@ def run_command_bench(args: argparse.Namespace, tmp: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--agent", choices=("math", "true", "python"), default="math")
+    parser.add_argument("--agent", choices=("math", "calc", "true", "python"), default="math")
     parser.add_argument("--warm", type=int, default=200, help="math: burst size of warm launches")
     parser.add_argument("--fresh", type=int, default=40, help="math: burst size of fresh interpreters")
     parser.add_argument("--paced", type=int, default=40, help="rollouts created one at a time per mode")
@@ -377,9 +472,14 @@ def main() -> None:
     parser.add_argument("--fresh-rate", type=float, default=0.5, help="creation rate of the fresh paced phase")
     parser.add_argument("--trivial", type=int, default=300, help="math: burst of a trivial warm agent class")
     parser.add_argument("--burst", type=int, default=1000, help="true/python: burst size")
+    parser.add_argument("--calc", type=int, default=200, help="calc: burst size per variant and round")
+    parser.add_argument("--rounds", type=int, default=3, help="calc: alternated rounds of the variants")
     parser.add_argument("--concurrency", type=int, default=32)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="agl-controller-bench-") as tmp:
+        if args.agent == "calc":
+            run_calc_bench(args, Path(tmp))
+            return
         if args.agent != "math":
             run_command_bench(args, Path(tmp))
             return

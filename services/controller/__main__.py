@@ -85,6 +85,7 @@ def build_runner(config: ControllerConfig, metrics: ControllerMetrics, sandbox: 
         agent_launch=config.agent_launch,
         launcher_preload=config.launcher_preload,
         launcher_learn=config.launcher_learn,
+        launcher_warm_clients=config.launcher_warm_clients,
         launcher_idle_s=config.launcher_idle_s,
         sandbox=sandbox,
     )

@@ -46,6 +46,7 @@ class ControllerConfig:
     agent_launch: str
     launcher_preload: tuple[str, ...]
     launcher_learn: bool
+    launcher_warm_clients: bool
     launcher_idle_s: float
     kubeconfig: str
     namespace: str
@@ -148,6 +149,9 @@ SETTINGS = st.Settings(
                    "local: modules every launcher imports besides the agent's"),
         st.Setting("--launcher-learn", "AGL_CONTROLLER_LAUNCHER_LEARN", st.switch(), True,
                    "local: launchers import the libraries agents imported lazily, once, for the next agents"),
+        st.Setting("--launcher-warm-clients", "AGL_CONTROLLER_LAUNCHER_WARM_CLIENTS", st.switch(), True,
+                   "local: launchers make one call through the agent's HTTP client libraries (OpenAI SDK, httpx) to a "
+                   "loopback stand-in before forking agents, so that no agent pays for their first call"),
         st.Setting("--launcher-idle", "AGL_CONTROLLER_LAUNCHER_IDLE", _S, 600.0,
                    "local: seconds without a rollout that stop a launcher", name="launcher_idle_s"),
         st.Setting("--agent-sandbox", "AGL_CONTROLLER_AGENT_SANDBOX", st.choice(*SANDBOX_MODES), AUTO,

@@ -382,3 +382,21 @@ async def test_a_launch_the_launcher_never_confirmed_is_failed_not_repeated(
     assert metric(metrics, "agl_controller_launcher_restarts_total") == 1
     urls = [line.split()[1] for line in marks.read_text().splitlines()]
     assert len(urls) == 2 and not any(f"/{lost.rollout_id}/" in url for url in urls)
+
+
+async def test_the_launcher_warms_the_agents_http_clients_unless_told_not_to(
+    stack: Stack, ledger: LedgerClient, tmp_path: Path
+) -> None:
+    async def first_agent_saw(args: list[str]) -> bool:
+        # A new controller, so a new launcher: its first agent runs before the launcher learned anything.
+        with run_controller(stack, tmp_path, args=args) as controller:
+            [created] = await ledger.create_rollouts(
+                [spec(agent_class="tests.controller.agents.openai_client:FirstCallAgent")]
+            )
+            rollout = (await wait_for(ledger, [created.rollout_id]))[created.rollout_id]
+            assert rollout.status.state == SUCCEEDED, rollout.status.error_message
+            lines = (controller.log_dir / f"{created.rollout_id}.log").read_text().splitlines()
+        return bool(json.loads(lines[-1])["chat_loaded"])
+
+    assert await first_agent_saw([]) is True
+    assert await first_agent_saw(["--no-launcher-warm-clients"]) is False

@@ -16,6 +16,11 @@ Modes (the controller's `--agent-ca`):
 
 A rollout's env_map may still set `SSL_CERT_FILE`; it is applied after this and wins (clients read the
 file before the directory).
+
+What it earns, measured on an agent that does a whole rollout (`bench/controller_bench.py --agent calc`: the
+unmodified calc agent, a tool call and an answer through the proxy, a reward posted, bursts of 200 at concurrency
+32 on two cores, three rounds alternated with `--agent-ca inherit`): 32.7 rollouts/s with `system-dir`, 17.8
+with `inherit` (+84%); the agent process's CPU 46.6 ms a rollout against 93.9 ms.
 """
 
 from __future__ import annotations

@@ -8,7 +8,13 @@ stand-in on loopback that it forks for the purpose and kills right after; the ch
 
 Nothing of the agent runs, no network is used beyond 127.0.0.1, and every failure is ignored (a library that
 could not be warmed is only slower). The stand-in is a forked process, not a thread: the launcher must have
-one thread when it forks its agents.
+one thread when it forks its agents. `--no-launcher-warm-clients` turns it off.
+
+What it earns, measured on an agent that does a whole rollout (`bench/controller_bench.py --agent calc`: the
+unmodified calc agent, a tool call and an answer through the proxy, a reward posted, bursts of 200 at concurrency
+32 on two cores, three rounds alternated with the defaults): 32.7 rollouts/s with the warm-up, 28.0 without
+(+17%); the agent process's CPU 46.6 ms a rollout with it, 56.1 ms without. Where agents do seconds of their
+own work, the ~10 ms it saves per rollout is a smaller share; it is still CPU the node gets back.
 """
 
 from __future__ import annotations

@@ -102,6 +102,7 @@ class ForkServer:
         module: str,
         preload: list[str],
         learn: bool,
+        warm_clients: bool = True,
         policy: sandbox.Policy | None = None,
     ) -> None:
         self._control = control
@@ -113,6 +114,7 @@ class ForkServer:
         self._module = module
         self._preload = preload
         self._learn = learn
+        self._warm_clients = warm_clients
         self._children: dict[int, str] = {}
         self._inbox = b""
         self._outbox: list[bytes] = []
@@ -137,7 +139,7 @@ class ForkServer:
                 if name == self._module:
                     error = f"{type(err).__name__}: {err}"
                 log.warning("cannot import %s: %s: %s", name, type(err).__name__, err)
-        self._warm_libraries()
+        self._warm_libraries(self._warm_clients)
         threads = thread_count()
         if threads > 1:
             self._refuse = f"the agent's module started {threads - 1} thread(s) at import; forking is unsafe"
@@ -151,12 +153,13 @@ class ForkServer:
         self._flush()
 
     @staticmethod
-    def _warm_libraries() -> None:
+    def _warm_libraries(warm_clients: bool) -> None:
         """Fills process-wide standard-library caches that no rollout can change, which each child would redo.
 
         OpenSSL's one-time initialisation, platform.uname().processor (which runs `uname -p` in a
         subprocess the first time; the OpenAI SDK asks for it on every client's first request), and the
-        first-call paths of the HTTP client libraries the agent imported (client_warmup.py).
+        first-call paths of the HTTP client libraries the agent imported (client_warmup.py), unless the controller
+        says --no-launcher-warm-clients.
         """
         with contextlib.suppress(Exception):
             import ssl
@@ -166,8 +169,9 @@ class ForkServer:
             import platform
 
             _ = platform.uname().processor
-        with contextlib.suppress(Exception):
-            warm_http_clients()
+        if warm_clients:
+            with contextlib.suppress(Exception):
+                warm_http_clients()
 
     # -- main loop ---------------------------------------------------------------------------------------------
 
@@ -415,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--module", required=True, help="the agent's module, imported once")
     parser.add_argument("--preload", default="", help="more modules to import once, comma-separated")
     parser.add_argument("--no-learn", action="store_true", help="do not preload modules agents import lazily")
+    parser.add_argument("--no-warm-clients", action="store_true", help="no warm-up call through the HTTP clients")
     parser.add_argument(
         "--sandbox", action="store_true", help="contain every child (services.controller.local.sandbox)"
     )
@@ -429,7 +434,15 @@ def main(argv: list[str] | None = None) -> int:
     control = socket.socket(fileno=args.control_fd)
     control.set_inheritable(False)
     preload = [name.strip() for name in args.preload.split(",") if name.strip()]
-    server = ForkServer(control, args.notify_fd, args.module, preload, learn=not args.no_learn, policy=policy)
+    server = ForkServer(
+        control,
+        args.notify_fd,
+        args.module,
+        preload,
+        learn=not args.no_learn,
+        warm_clients=not args.no_warm_clients,
+        policy=policy,
+    )
     started = time.process_time()
     server.prepare()
     log.info("imported %s in %.2f s of CPU; serving (pid %d)", args.module, time.process_time() - started, os.getpid())

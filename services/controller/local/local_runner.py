@@ -153,6 +153,7 @@ class LocalRunner:
         agent_launch: str = WARM,
         launcher_preload: tuple[str, ...] = (),
         launcher_learn: bool = True,
+        launcher_warm_clients: bool = True,
         launcher_idle_s: float = 600.0,
         sandbox: Policy | None = None,
     ) -> None:
@@ -168,7 +169,7 @@ class LocalRunner:
         self._workdir = workdir
         self._metrics = metrics or ControllerMetrics()
         self._agent_launch = agent_launch
-        self._launcher_options = (launcher_preload, launcher_learn, launcher_idle_s)
+        self._launcher_options = (launcher_preload, launcher_learn, launcher_warm_clients, launcher_idle_s)
         self._sandbox = sandbox
         self._notices: RunningNotices | None = None
         self._pool: LauncherPool | None = None
@@ -177,7 +178,7 @@ class LocalRunner:
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self._notices = RunningNotices()
         self._notices.start()
-        preload, learn, idle_s = self._launcher_options
+        preload, learn, warm_clients, idle_s = self._launcher_options
         settings = LauncherSettings(
             python=self._python,
             env=self._base_env,
@@ -186,6 +187,7 @@ class LocalRunner:
             notify_fd=self._notices.send_fd,
             preload=preload,
             learn=learn,
+            warm_clients=warm_clients,
             sandbox=self._sandbox,
         )
         self._pool = LauncherPool(settings, self._metrics, idle_s=idle_s)

@@ -65,6 +65,7 @@ class LauncherSettings:
     notify_fd: int
     preload: tuple[str, ...] = ()
     learn: bool = True
+    warm_clients: bool = True
     ready_timeout_s: float = 300.0
     # Every child contains itself under this policy (sandbox.contain) before the agent's code runs; None: not.
     sandbox: Policy | None = None
@@ -117,6 +118,8 @@ class WarmLauncher:
             argv += ["--preload", ",".join(settings.preload)]
         if not settings.learn:
             argv.append("--no-learn")
+        if not settings.warm_clients:
+            argv.append("--no-warm-clients")
         if settings.sandbox is not None:
             argv += ["--sandbox", *settings.sandbox.args("--sandbox-")]
         loop = asyncio.get_running_loop()
