@@ -71,9 +71,11 @@ def rewards_of(tokenizer: Any, responses: list[list[int]], tasks: Sequence[dict[
     return [score(text, task["answer"]) for text, task in zip(decoded, tasks, strict=True)]
 
 
-def greedy_accuracy(model: Any, tokenizer: Any, tasks: Sequence[dict[str, Any]], prompts, eos: int) -> float:
+def greedy_accuracy(
+    model: Any, tokenizer: Any, tasks: Sequence[dict[str, Any]], prompts, eos: int, max_new: int = 8
+) -> float:
     model.eval()
-    replies = sample(model, prompts, temperature=0, max_new=8, eos=eos, pad=tokenizer.pad_token_id)
+    replies = sample(model, prompts, temperature=0, max_new=max_new, eos=eos, pad=tokenizer.pad_token_id)
     return sum(rewards_of(tokenizer, replies, tasks)) / len(tasks)
 
 
@@ -130,8 +132,15 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--kl-coef", type=float, default=0.0, help="KL loss to the warm start (verl's kl_loss_coef)")
     parser.add_argument("--eval-every", type=int, default=25)
+    # The stack's agent asks for up to 64 tokens (examples/math_agent/agent.py) in training and validation alike; a
+    # shorter cut hides what the policy says after its answer, and the math agent scores the reply's last number.
+    parser.add_argument("--max-new", type=int, default=16, help="tokens sampled per training answer (the agent: 64)")
+    parser.add_argument("--eval-max-new", type=int, default=8, help="tokens of a greedy eval answer (the agent: 64)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--models-dir", type=Path, default=REPO / "data" / "lab-models")
+    parser.add_argument(
+        "--model", type=Path, default=None, help="start from this model (the demo's: data/models/tiny-math-*)"
+    )
     return parser.parse_args(argv)
 
 
@@ -165,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     train, val = split_tasks(args.train_tasks, args.val_tasks, seed=7, max_operand=args.max_operand)
-    path = warm_model(args, train)
+    path = args.model or warm_model(args, train)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
     reference = None
@@ -186,8 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def report(step: int, rewards: list[float]) -> None:
         line: dict[str, Any] = {
             "step": step,
-            "held_out": greedy_accuracy(model, tokenizer, val, val_prompts, eos),
-            "train": greedy_accuracy(model, tokenizer, train[:probe], train_prompts[:probe], eos),
+            "held_out": greedy_accuracy(model, tokenizer, val, val_prompts, eos, args.eval_max_new),
+            "train": greedy_accuracy(model, tokenizer, train[:probe], train_prompts[:probe], eos, args.eval_max_new),
         }
         if rewards:
             line["reward_mean"] = round(sum(rewards) / len(rewards), 3)
@@ -207,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prompts = [train_prompts[i] for i in chosen for _ in range(args.n)]
         tasks = [train[i] for i in chosen for _ in range(args.n)]
         model.eval()
-        responses = sample(model, prompts, temperature=args.temperature, max_new=16, eos=eos, pad=pad)
+        responses = sample(model, prompts, temperature=args.temperature, max_new=args.max_new, eos=eos, pad=pad)
         rewards = rewards_of(tokenizer, responses, tasks)
         recent.append(sum(rewards) / len(rewards))
         groups = torch.tensor(rewards).view(args.tasks_per_step, args.n)

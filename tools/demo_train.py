@@ -42,8 +42,14 @@ MATH_AGENT = AGENTS["math"].agent_class
 # The agents read their task from these variables (see examples/math_agent/agent.py, examples/calc_agent/agent.py).
 TASK_ENV = {"AGL_TASK_QUESTION": "input.question", "AGL_TASK_ANSWER": "input.answer"}
 # 3: the tiny tokenizer has the tool-call tokens and its template renders tools. 4: the start's quality is
-# measured and kept in the model folder (services/engine/start_quality.py).
-WARM_START_VERSION = 4
+# measured and kept in the model folder (services/engine/start_quality.py). 5: built on one thread (BUILD_THREADS).
+WARM_START_VERSION = 5
+# The warm start and its quality measure run on one torch thread, whatever the machine's load. The thread count
+# changes the float rounding and so the model: the math recipe gave held-out 0.281 built on 1 thread and 0.203 on
+# 2 (2026-12-07, the same machine), and GRPO's result depends on the start. Chosen by load, as before, the same
+# clone built different starts on a quiet and on a busy machine (and could change threads mid-build). One thread
+# costs 61 s against 45 s on a quiet 2-core machine, and is what a loaded one chose anyway.
+BUILD_THREADS = 1
 # Held-out tasks a warm start's quality is measured on (start_held_out).
 START_HELD_OUT = 64
 # Checkpoints of the ~1 M-parameter model take ~0.1 s and 12 MB each.
@@ -199,6 +205,7 @@ def prepare_model(
             steps=warm_steps,
             lr=agent.warm_lr,
             tools=agent.tools,
+            threads=BUILD_THREADS,
             probe=warm_probe(agent, train, out),
             stop_band=(agent.warm_stop_accuracy or 0.0, agent.warm_stop_below),
             min_steps=agent.warm_min_steps,
@@ -209,7 +216,7 @@ def prepare_model(
             "measuring the start...\n"
         )
         out.flush()
-        quality = start_quality.measure(partial, agent.loop, held_out, train)
+        quality = start_quality.measure(partial, agent.loop, held_out, train, threads=BUILD_THREADS)
         start_quality.record(partial, quality)
         shutil.rmtree(path, ignore_errors=True)
         partial.rename(path)
