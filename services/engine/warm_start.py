@@ -190,6 +190,8 @@ def warm_start(
         "lr": lr,
         "warmup_steps": warmup_steps,
         "seed": seed,
+        # The thread count changes the float path and so the model (null: chosen by the load, step by step).
+        "threads": threads,
         "examples": len(examples),
         "seconds": round(seconds, 1),
         "tools": [tool.get("function", tool).get("name") for tool in tools or []],
