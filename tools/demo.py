@@ -52,6 +52,8 @@ TASK_ENV = {"AGL_TASK_QUESTION": "input.question", "AGL_TASK_ANSWER": "input.ans
 
 
 # Options only one mode uses; given to the other mode they are refused, never ignored.
+# --quick's rollouts per task when --group-size is not given (training's default: tools/demo_train.group_size).
+QUICK_GROUP_SIZE = 4
 QUICK_ONLY = ("--dataset", "--agent-class", "--samples", "--engine-url", "--rollout-timeout", "--deadline", "--quiet")
 
 
@@ -89,7 +91,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dataset", type=Path, default=REPO_ROOT / "examples" / "data" / "math.jsonl")
     parser.add_argument("--agent-class", default=MATH_AGENT, help="agent class the controller runs")
     parser.add_argument("--samples", type=positive_int, default=4, help="tasks taken from the dataset")
-    parser.add_argument("--group-size", type=positive_int, default=4, help="rollouts per task (GRPO group size)")
+    parser.add_argument(
+        "--group-size",
+        type=positive_int,
+        default=None,
+        help="rollouts per task (GRPO group size; 4 with --quick, training: 8 for math, 4 with --lora or calc)",
+    )
     parser.add_argument("--engine-url", default=os.environ.get("ENGINE_URL", ""), help="real engine (ENGINE_URL)")
     parser.add_argument("--data-dir", type=Path, default=Path("data"), help="ledger store and service logs")
     parser.add_argument("--output-dir", type=Path, default=Path("demo-output"), help="trajectory JSONL files")
@@ -214,7 +221,8 @@ async def run_job(args: argparse.Namespace, ledger_address: str, key: str, model
     """Registers the engine, enqueues the groups, follows them to the end, writes and summarizes. Exit code."""
     run_id = f"demo-{uuid.uuid4().hex[:8]}"
     tasks = load_tasks(args.dataset, args.samples, task_fields())
-    specs = rollout_specs(tasks, args.group_size, run_id, args.agent_class, args.rollout_timeout)
+    group_size = args.group_size or QUICK_GROUP_SIZE
+    specs = rollout_specs(tasks, group_size, run_id, args.agent_class, args.rollout_timeout)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     output = args.output_dir / f"{run_id}.jsonl"
     async with LedgerClient(ledger_address, key=key or None) as client:
@@ -227,7 +235,7 @@ async def run_job(args: argparse.Namespace, ledger_address: str, key: str, model
         await client.register_models([model_pb2.ModelEndpoint(model_name=model_name, endpoint=engine_url)])
         print(f"engine {engine_url} registered as {model_name!r}")
         await client.create_rollouts(specs)
-        print(f"run {run_id}: {len(tasks)} tasks x {args.group_size} samples = {len(specs)} rollouts queued")
+        print(f"run {run_id}: {len(tasks)} tasks x {group_size} samples = {len(specs)} rollouts queued")
         progress = Progress(len(specs), sys.stdout, args.quiet)
         watcher = asyncio.create_task(watch_progress(client, run_id, progress))
         try:

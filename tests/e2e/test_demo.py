@@ -190,3 +190,20 @@ except KeyboardInterrupt:
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 130, result.stdout + result.stderr
     assert result.stderr == "interrupted\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], 8),  # math with every weight training: 16 x 8, the recipe measured steadier
+        (["--lora", "8"], 4),
+        (["--agent", "calc"], 4),
+        (["--group-size", "2"], 2),
+        (["--agent", "calc", "--group-size", "6"], 6),
+    ],
+)
+def test_the_training_group_size_defaults_per_demo_and_yields_to_the_option(argv: list[str], expected: int) -> None:
+    from tools import demo, demo_agents, demo_train
+
+    args = demo.parse_args(argv)
+    assert demo_train.group_size(args, demo_agents.AGENTS[args.agent]) == expected
