@@ -22,5 +22,8 @@ class SleepyAgent:
     """Writes its pid where AGL_TASK_PIDFILE says, then sleeps far past any test timeout."""
 
     def run(self) -> None:
-        Path(os.environ["AGL_TASK_PIDFILE"]).write_text(str(os.getpid()))
+        pid_file = Path(os.environ["AGL_TASK_PIDFILE"])
+        partial = pid_file.with_name(pid_file.name + ".partial")
+        partial.write_text(str(os.getpid()))
+        os.replace(partial, pid_file)  # whole or not there: a reader never sees it empty
         time.sleep(300)

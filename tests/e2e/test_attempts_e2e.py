@@ -35,7 +35,11 @@ class FirstAttemptHangsAgent:
             client.chat.completions.create(
                 model="policy", messages=[{"role": "user", "content": "first try"}], max_tokens=4
             )
-            pid_file.write_text(json.dumps({"pid": os.getpid()}))
+            # Written whole, then renamed: the test polls for the file and reads it at once, and write_text creates
+            # it empty before writing (a full CI run read '' there once, at a load of ~6 on 2 cores).
+            partial = pid_file.with_name(pid_file.name + ".partial")
+            partial.write_text(json.dumps({"pid": os.getpid()}))
+            os.replace(partial, pid_file)
             time.sleep(300)
         return MathAgent().run()
 
