@@ -51,9 +51,9 @@ MATH_AGENT = "examples.math_agent.agent:MathAgent"
 TASK_ENV = {"AGL_TASK_QUESTION": "input.question", "AGL_TASK_ANSWER": "input.answer"}
 
 
-# Options only one mode uses; given to the other mode they are refused, never ignored.
 # --quick's rollouts per task when --group-size is not given (training's default: tools/demo_train.group_size).
 QUICK_GROUP_SIZE = 4
+# Options only one mode uses; given to the other mode they are refused, never ignored.
 QUICK_ONLY = ("--dataset", "--agent-class", "--samples", "--engine-url", "--rollout-timeout", "--deadline", "--quiet")
 
 
