@@ -201,6 +201,12 @@ class AppendStream:
 
         reader = asyncio.create_task(read())
         try:
+            # The ledger sends its headers as it accepts the stream; writing only after them means a stream it
+            # refuses at once (a wrong key) ends with the ledger's own status. A write racing that end fails in
+            # grpc's core, and grpc then overwrites the call's status with INTERNAL ("Internal error from Core"),
+            # which reads as a broken transport: the stream was opened again (25 of 400 wrong-key appends on a
+            # loaded machine did). Once per stream, so the append path pays it once.
+            await call.initial_metadata()
             while not ended:
                 while outbox and not ended:
                     item = self._unanswered.get(outbox.popleft())

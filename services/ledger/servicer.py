@@ -211,6 +211,8 @@ class LedgerServicer:
     async def StreamAppendEvents(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
         """Stage each request as it arrives (in order, so sequences follow the stream), and acknowledge it from a
         second task once durable; one request failing is answered with its error and the stream goes on."""
+        # Headers first: the client writes only after them (client/append_stream.py says why).
+        await context.send_initial_metadata(())
         acks: asyncio.Queue[tuple[int, pb.StreamAppendEventsResponse] | None] = asyncio.Queue()
 
         async def acknowledge() -> None:

@@ -226,7 +226,8 @@ class LedgerServiceServicer:
         """AppendEvents over one long-lived stream (the shared Python client sends all its appends this way): each
         request is one AppendEvents batch with the same semantics, staged in stream order and answered once
         durable. A failed request is answered with its error and the stream goes on. About half the CPU and
-        round-trip time of a unary call.
+        round-trip time of a unary call. The ledger sends response headers as it accepts the stream, before any
+        request, so a client may wait for them and learn of a refusal (a wrong key) before it writes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
