@@ -360,6 +360,7 @@ CALC_VARIANTS: dict[str, tuple[str, ...]] = {
     "defaults": (),
     "--no-launcher-warm-clients": ("--no-launcher-warm-clients",),
     "--agent-ca inherit": ("--agent-ca", "inherit"),
+    "--agent-sandbox off": ("--agent-sandbox", "off"),
 }
 
 
@@ -377,8 +378,8 @@ def calc_spec(phase: str, i: int) -> rollout_pb2.RolloutSpec:
     )
 
 
-async def calc_burst(ledger: str, pids: Pids, phase: str, count: int) -> tuple[float, float, float]:
-    """(rollouts/s succeeded with a reward, agent CPU ms per rollout, model calls per rollout) of one burst."""
+async def calc_burst(ledger: str, pids: Pids, phase: str, count: int) -> tuple[float, dict[str, float], float]:
+    """(rollouts/s succeeded with a reward, CPU ms per rollout by process, model calls per rollout) of one burst."""
     async with LedgerClient(ledger, KEY) as client:
         before = snapshot(pids)
         specs = [calc_spec(phase, i) for i in range(count)]
@@ -393,29 +394,33 @@ async def calc_burst(ledger: str, pids: Pids, phase: str, count: int) -> tuple[f
         for rollout in sample:
             events = await client.list_events(rollout.rollout_id, attempt_id=rollout.status.attempt_id)
             calls += sum(e.WhichOneof("payload") == "model_request" for e in events)
-    return ok / span, (after["agents"] - before["agents"]) * 1000 / count, calls / len(sample)
+    return ok / span, {name: (after[name] - before[name]) * 1000 / count for name in after}, calls / len(sample)
 
 
 def run_calc_bench(args: argparse.Namespace, tmp: Path) -> None:
-    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in CALC_VARIANTS}
+    results: dict[str, list[tuple[float, dict[str, float], float]]] = {name: [] for name in CALC_VARIANTS}
     with ExitStack() as stack:
         models = start_model_stack(stack, tmp)
         print(f"{os.cpu_count()} CPUs; calc agent ({CALC_AGENT}) bursts of {args.calc}, concurrency {args.concurrency}")
+        print("CPU ms a rollout: the agents (their inits included), the launcher, the controller")
         for round_ in range(args.rounds):
             for name, extra in CALC_VARIANTS.items():
                 with ExitStack() as each:  # a new controller per variant and round: a new launcher
                     _, pids = start_controller(each, tmp, models, args.concurrency, extra)
                     asyncio.run(calc_burst(models.ledger, pids, f"warmup-{uuid.uuid4().hex[:8]}", 8))
                     phase = f"calc-{round_}-{uuid.uuid4().hex[:6]}"
-                    rate, agent_ms, calls = asyncio.run(calc_burst(models.ledger, pids, phase, args.calc))
-                results[name].append((rate, agent_ms, calls))
-                print(f"  round {round_ + 1} {name:28s} {rate:6.1f} rollouts/s  agent CPU {agent_ms:6.1f} ms/rollout  "
+                    rate, cpu_ms, calls = asyncio.run(calc_burst(models.ledger, pids, phase, args.calc))
+                results[name].append((rate, cpu_ms, calls))
+                print(f"  round {round_ + 1} {name:28s} {rate:6.1f} rollouts/s  agents {cpu_ms['agents']:5.1f}  "
+                      f"launcher {cpu_ms['launcher']:4.1f}  controller {cpu_ms['controller']:4.1f}  "
                       f"{calls:.1f} model calls/rollout", flush=True)  # fmt: skip
-    base = statistics.median(r for r, _, _ in results["defaults"])
+    base = statistics.median(rate for rate, _, _ in results["defaults"])
     print(f"medians over {args.rounds} rounds:")
     for name, rows in results.items():
-        rate, agent_ms = statistics.median(r for r, _, _ in rows), statistics.median(a for _, a, _ in rows)
-        print(f"  {name:28s} {rate:6.1f} rollouts/s ({rate / base:.2f}x the defaults)  agent CPU {agent_ms:6.1f} ms")
+        rate = statistics.median(r for r, _, _ in rows)
+        agents, launcher = (statistics.median(c[key] for _, c, _ in rows) for key in ("agents", "launcher"))
+        print(f"  {name:28s} {rate:6.1f} rollouts/s ({rate / base:.2f}x the defaults)  CPU ms: agents {agents:5.1f}  "
+              f"launcher {launcher:4.1f}")  # fmt: skip
 
 
 # -- the trivial-command bench (pick-up latency and throughput of the controller alone) -----------------------------
