@@ -134,6 +134,50 @@ async def test_a_timeout_kills_what_the_agent_started_with_setsid(
     assert left == []
 
 
+def descendants_named(root: int, name: str) -> list[int]:
+    """Live descendants of root (zombies left out) whose command name is name."""
+    parent_of, name_of = {}, {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split() if stat else []
+        if fields and fields[0] != "Z":
+            parent_of[int(entry.name)] = int(fields[1])
+            name_of[int(entry.name)] = stat[stat.index("(") + 1 : stat.rindex(")")]
+
+    def under_root(pid: int) -> bool:
+        while pid in parent_of and pid != root:
+            pid = parent_of[pid]
+        return pid == root
+
+    return [pid for pid, comm in name_of.items() if comm == name and pid != root and under_root(pid)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_what_an_agent_left_running_with_setsid_ends_with_it(
+    stack: Stack, ledger: LedgerClient, tmp_path: Path, mode: str
+) -> None:
+    """The agent ends on its own (no timeout, no signal): its namespace goes with it, and so does the warm
+    launcher's init of that namespace (a `cat` it started, sandbox.NamespaceFork)."""
+    marker = f"agl-escapee-{uuid.uuid4().hex}"
+    with run_controller(stack, tmp_path) as controller:
+        env = {"ATTACK": "escape", "MARKER": marker, "THEN_EXIT": "1"}
+        [created] = await ledger.create_rollouts([attacker(mode, env)])
+        try:
+            rollout = (await wait_for(ledger, [created.rollout_id], timeout_s=30))[created.rollout_id]
+            log_path = controller.log_dir / f"{created.rollout_id}.log"
+            assert rollout.status.state == SUCCEEDED, (rollout.status.error_message, log_path.read_text())
+            assert report(log_path) == {"escaped": True}
+            await wait_until(lambda: processes_with(marker) == [], "the sleepers outlived their agent", 10)
+        finally:
+            kill_all(processes_with(marker))
+        controller_pid = controller.process.proc.pid
+        await wait_until(lambda: descendants_named(controller_pid, "cat") == [], "a namespace's init was left", 10)
+        assert controller.process.alive()
+
+
 async def test_controller_shutdown_kills_what_an_agent_started_with_setsid(
     stack: Stack, ledger: LedgerClient, tmp_path: Path
 ) -> None:

@@ -10,10 +10,11 @@ controller's request. Guarantees kept for every child:
   agent code runs in it; a child dies (SIGKILL) when the launcher dies;
 - with --sandbox (the controller's --agent-sandbox), the agent is contained before any of its code runs (its own
   PID and mount namespaces, no capabilities, the controller's files hidden; see sandbox.py). A root launcher forks
-  the child straight into a new PID namespace, whose init it becomes (sandbox.NamespaceFork, become_init): the
-  launcher reaps the init and reports the agent's own wait status, which the init wrote to a pipe. Otherwise the
-  child calls sandbox.contain() and stays outside as the relay. The agent writes a returned reward through a file
-  descriptor opened before, since the log directory is hidden from it;
+  the child straight into a new PID namespace whose init is a `cat` it started (sandbox.NamespaceFork), and the
+  child enters its own mount namespace (sandbox.enter); once the child is reaped, the launcher ends the init, and
+  the kernel the rest of the namespace. Otherwise the child calls sandbox.contain() and stays outside as the
+  relay. The agent writes a returned reward through a file descriptor opened before, since the log directory is
+  hidden from it;
 - when a child exits, whatever is left of its process group is killed before the child is reaped, so the
   group id cannot be reused while it is signalled; the exit code is reported once.
 
@@ -108,8 +109,9 @@ class ForkServer:
         self._control = control
         self._policy = policy
         # As root, children are forked straight into their own PID namespace (no relay process); else contain().
-        self._ns_fork = sandbox.NamespaceFork() if policy is not None and os.geteuid() == 0 else None
-        self._status: dict[int, int] = {}  # child pid -> read end of its init's status pipe (NamespaceFork)
+        self._ns_fork = sandbox.NamespaceFork.available() if policy is not None else None
+        # child pid -> (its namespace's init, the write end of the init's pipe) (NamespaceFork)
+        self._inits: dict[int, tuple[int, int]] = {}
         self._notify_fd = notify_fd
         self._module = module
         self._preload = preload
@@ -231,20 +233,20 @@ class ForkServer:
         self._flush()
         sys.stdout.flush()
         sys.stderr.flush()
-        status = -1
+        init = init_pipe = -1
         try:
             if self._ns_fork is not None:
-                pid, status = self._ns_fork.fork()
+                pid, init, init_pipe = self._ns_fork.fork()
             else:
                 pid = os.fork()
         except OSError as err:
             self._send({"ev": "refused", "id": launch.launch_id, "reason": f"fork failed: {err}"})
             return
         if pid == 0:
-            self._child(launch, status)  # never returns
+            self._child(launch, init_pipe)  # never returns
         self._children[pid] = launch.launch_id
-        if status >= 0:
-            self._status[pid] = status
+        if init > 0:
+            self._inits[pid] = (init, init_pipe)
         self._send({"ev": "started", "id": launch.launch_id, "pid": pid})
 
     def _signal(self, launch_id: str, signum: int) -> None:
@@ -270,15 +272,20 @@ class ForkServer:
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
             _, status = os.waitpid(pid, 0)
-            told = self._status.pop(pid, -1)
-            if told >= 0:  # the child was its namespace's init: the agent's own status, when it saw it end
-                os.set_blocking(told, False)
-                with contextlib.suppress(OSError):
-                    status = int(os.read(told, 64) or status)
-                os.close(told)
+            self._end_namespace(pid)
             launch_id = self._children.pop(pid, None)
-            if launch_id is not None:
+            if launch_id:  # not an init (""), nor a child of no launch
                 self._send({"ev": "exited", "id": launch_id, "code": os.waitstatus_to_exitcode(status)})
+
+    def _end_namespace(self, pid: int) -> None:
+        """The child was reaped: its namespace's init (if it has one) is killed, and the kernel kills the rest.
+        The init is reaped with the next children (waitid above), as a child with no launch."""
+        init, init_pipe = self._inits.pop(pid, (-1, -1))
+        if init > 0:
+            os.close(init_pipe)
+            with contextlib.suppress(OSError):
+                os.kill(init, signal.SIGKILL)
+            self._children[init] = ""
 
     def _stop(self) -> None:
         """The controller is gone: no rollout of ours outlives it."""
@@ -287,10 +294,14 @@ class ForkServer:
                 os.killpg(pid, signal.SIGKILL)
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        for pid in list(self._children):
+        for init, _ in self._inits.values():
+            with contextlib.suppress(OSError):
+                os.kill(init, signal.SIGKILL)
+        for pid in [*self._children, *(init for init, _ in self._inits.values())]:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
         self._children.clear()
+        self._inits.clear()
 
     # -- learned imports ---------------------------------------------------------------------------------------
 
@@ -341,18 +352,18 @@ class ForkServer:
 
     # -- the child ---------------------------------------------------------------------------------------------
 
-    def _child(self, launch: Launch, status_w: int = -1) -> None:
+    def _child(self, launch: Launch, init_pipe: int = -1) -> None:
         """Runs in the forked child: isolate, redirect, replace the environment, run the agent, exit.
 
-        status_w >= 0: the child is PID 1 of its own namespace (NamespaceFork) and becomes the agent's init."""
+        init_pipe >= 0: the child was forked into its own PID namespace (NamespaceFork), not as its init."""
         code = 127
         try:
             os.setsid()
             self._set_pdeathsig()
             # The launcher died before the death signal was armed (in a new namespace the parent's pid reads 0).
-            if sandbox.NamespaceFork.parent_gone(status_w) if status_w >= 0 else os.getppid() != self._pid:
+            if sandbox.NamespaceFork.parent_gone(init_pipe) if init_pipe >= 0 else os.getppid() != self._pid:
                 os._exit(code)
-            for fd in self._status.values():  # the other children's status pipes
+            for _, fd in self._inits.values():  # the other namespaces' init pipes: theirs to end, not ours
                 os.close(fd)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -372,8 +383,7 @@ class ForkServer:
             if launch.result:
                 result = os.open(launch.result, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             if self._ns_fork is not None and self._policy is not None:
-                host_pid = sandbox.NamespaceFork.host_pid(self._ns_fork.pid_max)
-                sandbox.become_init(self._policy, status_w, host_pid)  # returns in the contained agent's process
+                sandbox.enter(self._policy)
             elif self._policy is not None:
                 sandbox.contain(self._policy)  # returns in the contained agent's process
             os.environ.clear()

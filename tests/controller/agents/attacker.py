@@ -7,7 +7,8 @@ Runs as an agent class (`tests.controller.agents.attacker:AttackAgent`, warm or 
   CONTROLLER_PID, the ledger's), collects every AGL_KEY value and every `--key`/`--key=` argument that is not its own
   token, and calls the ledger's ListRollouts at LEDGER_ADDR with each;
 - `peek`: reads the file at PEEK_PATH (another rollout's log) and every other agent's AGL_KEY it can find in /proc;
-- `escape`: starts a `setsid` sleeper (and a double-forked one) whose command line carries MARKER, then hangs.
+- `escape`: starts a `setsid` sleeper (and a double-forked one) whose command line carries MARKER, then hangs
+  (or, with THEN_EXIT set, ends).
 
 It prints one line `ATTACK {json}` with what it found, which the test reads from the rollout's log.
 """
@@ -110,7 +111,7 @@ def attack() -> None:
     what = os.environ["ATTACK"]
     result = {"secrets": secrets, "peek": peek, "escape": escape}[what]()
     print("ATTACK " + json.dumps(result), flush=True)
-    if what == "escape" or os.environ.get("HOLD"):
+    if (what == "escape" and not os.environ.get("THEN_EXIT")) or os.environ.get("HOLD"):
         time.sleep(600)
 
 
