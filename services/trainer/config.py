@@ -302,6 +302,21 @@ def judge_settings(agl: Any, run_id: str, state_dir: Path | None) -> JudgeSettin
     )
 
 
+def _max_staleness(value: Any, async_enabled: bool) -> int | None:
+    """agl.async_training.max_staleness: null, or a number of weight versions >= 0, in asynchronous training only
+    (a synchronous step trains only what the weights it updates sampled: the bound would never act)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"agl.async_training.max_staleness={value}: null or a whole number of versions >= 0")
+    if not async_enabled:
+        raise ConfigError(
+            f"agl.async_training.max_staleness={value} bounds asynchronous training, where calls can be sampled by "
+            "older weights; set agl.async_training.enable=true or leave it null"
+        )
+    return value
+
+
 def settings_from_config(cfg: Any) -> TrainerSettings:
     """Validates the composed config and builds the settings (reads the k8s template file if one is named)."""
     agl = cfg.agl
@@ -325,6 +340,7 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
             f"agl.async_training.async_train_batch_size={async_size} must be >= "
             f"data.train_batch_size={train_batch_size}"
         )
+    max_staleness = _max_staleness(async_cfg.get("max_staleness"), async_enabled)
     launch_cfg = agl.launch
     template = ""
     if launch_cfg.get("k8s_job_template_file"):
@@ -417,6 +433,7 @@ def settings_from_config(cfg: Any) -> TrainerSettings:
         mini_batch_rows=int(_get(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size", 0)) * n,
         max_ppo_update_times=int(agl.max_ppo_update_times),
         row_divisor=row_divisor(cfg, max(nodes * gpus, 1)),
+        max_staleness=max_staleness,
     )
     return TrainerSettings(
         run_id=run_id,

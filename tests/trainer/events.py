@@ -13,10 +13,12 @@ def call(
     logprobs: Sequence[float] | None = None,
     status: int = event_pb2.MODEL_REQUEST_STATUS_OK,
     http_status: int = 0,
+    model_version: int = 0,
 ) -> event_pb2.Event:
     request = event_pb2.ModelRequest(
-        prompt_token_ids=prompt, response_token_ids=response, status=status, http_status=http_status
-    )
+        prompt_token_ids=prompt, response_token_ids=response, status=status, http_status=http_status,
+        model_version=model_version,
+    )  # fmt: skip
     if logprobs is not None:
         request.response_logprobs.extend(logprobs)
         request.has_response_logprobs = True

@@ -266,3 +266,59 @@ def test_of_several_rows_a_call_continues_it_goes_to_the_longest_then_the_last_e
     rows = _rows([call([1], [2], [-0.1]), call([1], [2], [-0.2]), call([1, 2, 3], [4], [-0.3])], counts)
     assert [(r.response_ids, r.logprobs) for r in rows] == [([2], [-0.1]), ([2, 3, 4], [-0.2, 0.0, -0.3])]
     assert counts["trajectory_breaks"] == 1 and counts["merged_calls"] == 1
+
+
+# A trajectory sampled across a push: call 0 by weights v1, its continuation by v3; another rollout of the group
+# wholly by v1, and a third by v3.
+SPANNING = [call([1, 2], [3, 4], [-0.1, -0.2], model_version=1), call([1, 2, 3, 4, 5], [6], [-0.3], model_version=3)]
+
+
+def _spanning_group(counts: Counter[str]):
+    return [
+        trace("r-span", "g", [*SPANNING, reward(1.0)], counts),
+        trace("r-old", "g", [call([1, 2], [7, 8], [-0.5, -0.5], model_version=1), reward(0.0)], counts),
+        trace("r-new", "g", [call([1, 2], [9], [-0.5], model_version=3), reward(0.5)], counts),
+    ]
+
+
+def test_each_trained_token_has_the_version_that_sampled_it_and_its_lag_is_measured() -> None:
+    counts: Counter[str] = Counter()
+    [span, old, new] = _spanning_group(counts)
+    [row] = rows_from_trace(span, "trajectory", max_prompt_length=8, max_response_length=8, counts=counts)
+    assert row.response_ids == [3, 4, 5, 6] and row.response_mask == [1, 1, 0, 1]
+    assert row.versions == [1, 1, -1, 3]
+    batch = build_training_batch([span, old, new], settings(max_response_length=8), weights_version=4)
+    m = batch.metrics
+    # Trained tokens and their lags behind v4: r-span 3, 3, 1; r-old 3, 3; r-new 1.
+    assert m["agl/async/staleness_mean"] == pytest.approx(14 / 6)
+    assert (m["agl/async/staleness_max"], m["agl/async/staleness_p90"]) == (3.0, 3.0)
+    assert m["agl/async/stale_token_fraction"] == 1.0
+    assert (m["agl/async/stale_tokens_masked"], m["agl/async/stale_rows_dropped"]) == (0.0, 0.0)
+    assert batch.data is not None and int(batch.data.batch["response_mask"].sum()) == 6
+
+
+def test_tokens_beyond_the_staleness_bound_are_masked_and_a_row_left_empty_leaves_its_group() -> None:
+    counts: Counter[str] = Counter()
+    batch = build_training_batch(
+        _spanning_group(counts), settings(max_response_length=8, max_staleness=2), weights_version=4
+    )
+    m = batch.metrics
+    assert (m["agl/async/stale_tokens_masked"], m["agl/async/stale_rows_dropped"]) == (4.0, 1.0)
+    assert (m["agl/async/staleness_mean"], m["agl/async/staleness_max"]) == (1.0, 1.0)
+    by_rollout = {row.rollout_id: row for row in batch.rows}
+    assert sorted(by_rollout) == ["r-new", "r-span"]  # r-old's only row was wholly too old
+    # r-span keeps its v1 tokens as context (the v3 call saw them) and trains the v3 token only.
+    assert by_rollout["r-span"].response_ids == [3, 4, 5, 6] and by_rollout["r-span"].response_mask == [0, 0, 0, 1]
+    # r-old left the group: its reward 0.0 no longer counts in the baseline of the other two (1.0 and 0.5).
+    assert batch.advantages["r-span"] > 0 > batch.advantages["r-new"] and "r-old" not in batch.advantages
+    assert batch.data is not None and int(batch.data.batch["response_mask"].sum()) == 2
+
+
+def test_a_bound_of_zero_trains_only_what_the_updated_weights_sampled() -> None:
+    counts: Counter[str] = Counter()
+    batch = build_training_batch(
+        _spanning_group(counts), settings(max_response_length=8, max_staleness=0), weights_version=3
+    )
+    assert sorted(row.rollout_id for row in batch.rows) == ["r-new", "r-span"]
+    assert batch.metrics["agl/async/stale_token_fraction"] == 0.0
+    assert batch.metrics["agl/async/stale_tokens_masked"] == 4.0

@@ -106,6 +106,17 @@ def test_config_rejects_what_cannot_work() -> None:
         settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.run_id='a/b'"))
     with pytest.raises(ConfigError, match=r"pause_scope=run: `all` or `model`"):
         settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.async_training.pause_scope=run"))
+    # The staleness bound: a whole number of versions, and only where calls can be older than the update.
+    with pytest.raises(ConfigError, match=r"max_staleness=2 bounds asynchronous training"):
+        settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.async_training.max_staleness=2"))
+    for bad in ("-1", "1.5", "true"):
+        with pytest.raises(ConfigError, match="null or a whole number of versions"):
+            settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.async_training.enable=true",
+                                          f"agl.async_training.max_staleness={bad}"))  # fmt: skip
+    bounded = settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.async_training.enable=true",
+                                            "agl.async_training.max_staleness=0"))  # fmt: skip
+    assert bounded.data_path.max_staleness == 0
+    assert settings_from_config(_compose("agl.launch.agent_class=a:B")).data_path.max_staleness is None
     # The mid-step engine check: a number of seconds, and only where there are external engines to check.
     with pytest.raises(ConfigError, match=r"agl\.engines\.check_seconds=-1"):
         settings_from_config(_compose("agl.launch.agent_class=a:B", "agl.engines.check_seconds=-1"))

@@ -69,6 +69,11 @@ def test_kill_9_of_ledger_proxy_and_controller_mid_step_the_run_goes_on_and_trai
     assert sorted(s for s in reported if s > 0) == list(range(1, STEPS + 1)), reported
     for step in range(1, STEPS + 1):
         assert reported[step].get("agl/rollout/succeeded") == 8.0, (step, reported[step])
+    # Every trained token's lag behind the weights it updates: none in sync mode, whose rollouts start after the push.
+    lags = {step: reported[step]["agl/async/staleness_max"] for step in range(1, STEPS + 1)}
+    print("weights versions:", {s: reported[s]["agl/async/weights_version"] for s in lags}, "largest lags:", lags)
+    if mode == "sync":
+        assert set(lags.values()) == {0.0}, lags
 
     # The trajectory log: 8 rollouts a step, none in two steps, each with its reward and its call; each task once,
     # in the loader's order (async: in the order its groups completed, each task's 4 rollouts in one step).

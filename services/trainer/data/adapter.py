@@ -20,6 +20,7 @@ from services.trainer.data.alignment import align_rows
 from services.trainer.data.batch import rows_to_dataproto
 from services.trainer.data.loss import ROW_WEIGHTS_KEY, per_rollout_token_weights
 from services.trainer.data.settings import DataPathSettings
+from services.trainer.data.staleness import bound_staleness
 from services.trainer.data.step_health import FLAGGED_COUNTS, RowFlags, StepHealth, row_health
 from services.trainer.data.trace_stats import row_metrics
 from services.trainer.data.triplets import OTHER_ROLE_CALLS, REWARD_MISSING, RolloutTrace
@@ -65,12 +66,20 @@ def build_training_batch(
     rng: random.Random | None = None,
     algo_config: Any = None,
     counts: Counter[str] | None = None,
+    weights_version: int | None = None,
 ) -> TrainingBatch:
-    """Runs the whole data path. `data` is None when no row survives (the step then has nothing to train)."""
+    """Runs the whole data path. `data` is None when no row survives (the step then has nothing to train).
+
+    weights_version: the version of the weights this update starts from; given, each trained token's lag behind it
+    is measured and settings.max_staleness applied (data/staleness.py)."""
     rng = rng or random.Random(0)
     counts = counts if counts is not None else Counter()
     flags = RowFlags()
     rows = build_rows(traces, settings, counts, flags)
+    staleness: dict[str, float] = {}
+    if weights_version is not None:
+        bounded = bound_staleness(rows, weights_version, settings.max_staleness)
+        rows, staleness = bounded.rows, bounded.metrics
     health = row_health(rows, counts, flags)
     advantages = rollout_advantages(
         rows,
@@ -106,6 +115,7 @@ def build_training_batch(
         }
     )
     metrics.update(row_metrics(rows, counts))
+    metrics.update(staleness)
     if not kept:
         return TrainingBatch(None, metrics, 0, 0, health, rows, advantages)
     data = rows_to_dataproto(

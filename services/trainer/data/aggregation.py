@@ -56,6 +56,8 @@ class Row:
     logprobs: list[float] | None
     # Indices of every call merged into this row, in order: not consecutive where conversations interleave.
     turn_indices: list[int] = field(default_factory=list)
+    # Aligned with response_ids: the weight version that sampled each generated token (-1 on context tokens).
+    versions: list[int] = field(default_factory=list)
 
 
 def _start_row(trace: RolloutTrace, triplet: Triplet) -> Row:
@@ -71,6 +73,7 @@ def _start_row(trace: RolloutTrace, triplet: Triplet) -> Row:
         response_mask=[1] * len(triplet.response_ids),
         logprobs=list(triplet.logprobs) if triplet.logprobs is not None else None,
         turn_indices=[triplet.turn_index],
+        versions=[triplet.model_version] * len(triplet.response_ids),
     )
 
 
@@ -105,6 +108,8 @@ def _merge(row: Row, triplet: Triplet) -> None:
     row.response_mask.extend([0] * len(context))
     row.response_ids.extend(triplet.response_ids)
     row.response_mask.extend([1] * len(triplet.response_ids))
+    row.versions.extend([-1] * len(context))
+    row.versions.extend([triplet.model_version] * len(triplet.response_ids))
     if row.logprobs is not None and triplet.logprobs is not None:
         row.logprobs.extend([0.0] * len(context))
         row.logprobs.extend(triplet.logprobs)
@@ -124,12 +129,14 @@ def _apply_limits(rows: list[Row], max_prompt_length: int, max_response_length: 
             counts[TRUNCATED_RESPONSES] += 1
             del row.response_ids[max_response_length:]
             del row.response_mask[max_response_length:]
+            del row.versions[max_response_length:]
             if row.logprobs is not None:
                 del row.logprobs[max_response_length:]
             # A cut that ends inside context leaves tokens nothing is trained on: drop them.
             while row.response_mask[-1] == 0:
                 row.response_ids.pop()
                 row.response_mask.pop()
+                row.versions.pop()
                 if row.logprobs is not None:
                     row.logprobs.pop()
         kept.append(row)

@@ -22,3 +22,6 @@ class DataPathSettings:
     max_ppo_update_times: int = 0
     # Rows must split evenly over this many data-parallel ranks.
     row_divisor: int = 1
+    # Generated tokens more than this many weight versions behind the update are masked out of the loss
+    # (data/staleness.py); None: no bound. Asynchronous training only.
+    max_staleness: int | None = None

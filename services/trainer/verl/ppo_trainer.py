@@ -439,7 +439,7 @@ class AglPPOTrainer(RayPPOTrainer):
             with marked_timer("adapt", timing):
                 prepared = build_training_batch(
                     traces, self.agl.data_path, rng=self._rng, algo_config=self.config.algorithm,
-                    counts=result.counts,
+                    counts=result.counts, weights_version=self.weights_version,
                 )  # fmt: skip
             metrics.update(prepared.metrics)
             self._step_rows["prepared"] = prepared
