@@ -91,6 +91,11 @@ class LedgerClient(RunMethods):
                 ("grpc.max_receive_message_length", self._max_message_bytes),
                 ("grpc.keepalive_time_ms", 30_000),
                 ("grpc.keepalive_permit_without_calls", 1),
+                # grpc's own reconnect backoff grows to 120 s: a ledger back after a minute's outage would see this
+                # channel fail every call at once (TRANSIENT_FAILURE) for a minute or two more. Capped like the
+                # retry policy's, it reconnects within 2 s of the ledger's return.
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 2_000),
             ]
             self._channel = grpc.aio.insecure_channel(self.address, options=options)
             self._stub = ledger_service_pb2_grpc.LedgerServiceStub(self._channel)
@@ -378,10 +383,13 @@ class LedgerClient(RunMethods):
         response = await self._unary("DeleteModels", ledger_service_pb2.DeleteModelsRequest(keys=keys))
         return response.deleted_count
 
-    async def watch_models(self, model_name: str = "") -> AsyncIterator[ledger_service_pb2.WatchModelsResponse]:
-        """The whole endpoint set, first as it is, then after every change; reconnects by itself."""
+    async def watch_models(
+        self, model_name: str = "", on_cut: Callable[[], None] | None = None
+    ) -> AsyncIterator[ledger_service_pb2.WatchModelsResponse]:
+        """The whole endpoint set, first as it is, then after every change; reconnects by itself, telling `on_cut`
+        each time the stream is cut (the set may change unseen until the next message)."""
         async for message in self._watch_forever(
-            "WatchModels", ledger_service_pb2.WatchModelsRequest(model_name=model_name)
+            "WatchModels", ledger_service_pb2.WatchModelsRequest(model_name=model_name), on_cut
         ):
             yield message
 
@@ -447,12 +455,14 @@ class LedgerClient(RunMethods):
         )
         return await self._unary("RenewControllerLease", request, timeout_s=timeout_s)
 
-    async def _watch_forever(self, method: str, request: Any) -> AsyncIterator[Any]:
+    async def _watch_forever(
+        self, method: str, request: Any, on_cut: Callable[[], None] | None = None
+    ) -> AsyncIterator[Any]:
         # For state-style streams (each message is the whole state) a reconnect simply starts over.
         def open_call() -> Any:
             return getattr(self.stub, method)(request, metadata=self._metadata)
 
         # Closed with its consumer: the call ends then, not when the generator is collected.
-        async with contextlib.aclosing(resumable(method, open_call, self._retry)) as stream:
+        async with contextlib.aclosing(resumable(method, open_call, self._retry, on_cut=on_cut)) as stream:
             async for message in stream:
                 yield message

@@ -4,7 +4,9 @@ The stream is opened again after a cut the ledger means to be resumed (a restart
 `errors.STREAM_RESUMABLE`) and after the ledger ends it, with a growing pause between failed tries. `open_call`
 builds the request from the caller's resume point each time, so a reconnect misses nothing and repeats nothing;
 the caller moves that point as messages arrive. OUT_OF_RANGE (the point is no longer kept) calls `restart`, which
-resets it for a fresh snapshot; a stream without a resume point ends on it like on any other error.
+resets it for a fresh snapshot; a stream without a resume point ends on it like on any other error. `on_cut` is told
+at each cut that is resumed: a consumer holding the state a stream delivers knows it may be behind until the next
+message.
 """
 
 from __future__ import annotations
@@ -56,9 +58,11 @@ async def resumable(
     open_call: Callable[[], Any],
     retry: RetryPolicy,
     restart: Callable[[], str] | None = None,
+    on_cut: Callable[[], None] | None = None,
 ) -> AsyncIterator[Any]:
     """Yields the messages of `open_call()`'s stream, re-opened as the module docstring says; raises the
-    client's typed error for a cut it does not resume. `restart` resets the resume point and says what it was."""
+    client's typed error for a cut it does not resume. `restart` resets the resume point and says what it was;
+    `on_cut` is told when the stream is cut and will be opened again."""
     failures = 0
     while True:
         call = open_call()
@@ -67,6 +71,8 @@ async def resumable(
                 failures = 0
                 yield message
             failures += 1  # the server ended the stream (e.g. shutting down): reconnect after a pause
+            if on_cut is not None:
+                on_cut()
             await asyncio.sleep(retry.reconnect_delay(failures))
         except grpc.aio.AioRpcError as raw:
             err = errors.typed(raw)
@@ -77,6 +83,8 @@ async def resumable(
                 raise err from None
             failures += 1
             log.info("%s interrupted (%s: %s); resuming", what, err.code_name, err.details())
+            if on_cut is not None:
+                on_cut()
             await asyncio.sleep(retry.reconnect_delay(failures))
         finally:
             call.cancel()

@@ -139,10 +139,12 @@ class ProxyRuntime:
             try:
                 await self.gateway.follow_models(self.routing, changed)
             except LedgerError as err:  # a status the client does not resume (e.g. a refused key)
+                self.routing.lost()
                 failures += 1
                 self.readiness.failed(err)
                 await asyncio.sleep(backoff_s(failures))
             except Exception:
+                self.routing.lost()
                 failures += 1
                 log.exception("models stream failed; retrying")
                 await asyncio.sleep(backoff_s(failures))

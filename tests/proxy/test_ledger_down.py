@@ -39,7 +39,7 @@ async def test_ledger_down_gives_503_and_nothing_half_written(tmp_path: Path) ->
             down = httpx.post(url, json=CHAT, headers=AUTH, timeout=60)
             assert down.status_code == 503 and down.json()["error"]["code"] == "ledger_unavailable"
             sdk = openai.OpenAI(base_url=base_url(proxy, rollout_id), api_key=KEY, max_retries=0, timeout=60)
-            with pytest.raises(openai.APIError):  # chunks came, but the stream ends in an error, not [DONE]
+            with pytest.raises(openai.APIError):  # a 503, or chunks that end in an error, never [DONE]
                 for _ in sdk.chat.completions.create(**CHAT, stream=True):
                     pass
             sdk.close()
@@ -53,3 +53,27 @@ async def test_ledger_down_gives_503_and_nothing_half_written(tmp_path: Path) ->
                     assert [e.model_request.status for e in events] == [event_pb2.MODEL_REQUEST_STATUS_OK]
                     wait_until(lambda: httpx.post(url, json=CHAT, headers=AUTH).status_code == 200)
                     assert len(await client.list_events(rollout_id)) == 2
+
+
+async def test_a_call_after_a_ledger_restart_is_routed_on_the_registry_as_it_is_now(tmp_path: Path) -> None:
+    # The trainer's sync step: the ledger dies during a weight push, comes back, the push registers the engine at
+    # the new version and rollouts start at once. The proxy's registry stream is still waiting to reconnect then;
+    # a call routed on the view from before the outage would be recorded as sampled by the old weights.
+    store = f"sqlite:{tmp_path / 'ledger.db'}"
+    with start_ledger(store=store, key=KEY) as ledger, run_standin() as engine:
+        async with LedgerClient(ledger.address, KEY) as client:
+            await client.register_models(model_endpoints(engine, version=1))
+            rollout_id = await new_rollout(client)
+        with run_proxy(ledger.address, args=["--rollout-cache-ttl", "600"]) as proxy:
+            url = f"{base_url(proxy, rollout_id)}/chat/completions"
+            assert httpx.post(url, json=CHAT, headers=AUTH).status_code == 200
+            ledger.kill()
+            time.sleep(2.5)  # the proxy's streams fail over and over meanwhile: their reconnects back off
+            with start_ledger(store=store, key=KEY, port=ledger.port):
+                async with LedgerClient(ledger.address, KEY) as client:
+                    await client.register_models(model_endpoints(engine, version=2))
+                    answer = httpx.post(url, json=CHAT, headers=AUTH, timeout=60)
+                    assert answer.status_code == 200, answer.text
+                    events = await client.list_events(rollout_id)
+                    versions = [e.model_request.model_version for e in events if e.HasField("model_request")]
+                    assert versions == [1, 2], versions

@@ -88,6 +88,9 @@ class _Call:
 # no engine listening goes again (the checker needs a moment to hold the dead one back).
 _WAIT_POLL_S = 0.1
 _REROUTE_PAUSE_S = 0.25
+# How long a call waits for the model registry to be read again after its stream was cut (a ledger restart). The
+# stream is re-opened at most 2 s apart, so this covers several tries; a ledger still away gets the call a 503.
+_REGISTRY_WAIT_S = 10.0
 
 
 def _unreachable(result: UpstreamResult) -> bool:
@@ -150,6 +153,8 @@ class ModelCalls:
             model, role, requested = await self._route(rollout_id, attempt_id, api, body, agent_body)
             self.coordinator.enter_model(model)
             entered = model
+            if not self.routing.current:
+                await self._registry_read(rollout_id)
             table = self.routing.table(model)
             endpoints = table.ranked(rollout_id)
             if not endpoints and not table.endpoints:
@@ -252,6 +257,21 @@ class ModelCalls:
             await self.record(call, Endpoint(""), 0, err.status, json.dumps(err.body()), ERROR)
             raise
         return model, role, requested
+
+    async def _registry_read(self, rollout_id: str) -> None:
+        """Returns once the routing tables are the registry as it is now (ModelRoutes.current), or raises a 503
+        after _REGISTRY_WAIT_S: a call is never routed, nor recorded, at a version the registry may have left."""
+        deadline = time.perf_counter() + _REGISTRY_WAIT_S
+        while not self.routing.current:
+            if time.perf_counter() >= deadline:
+                raise ProxyError(
+                    "ledger_unavailable",
+                    f"The proxy has not read the model registry again within {_REGISTRY_WAIT_S:g}s of losing its "
+                    "stream from the ledger; the call was not sent.",
+                    headers={"Retry-After": "2"},
+                )
+            await asyncio.sleep(_WAIT_POLL_S)
+        log.info("rollout %s: call waited for the model registry to be read again", rollout_id)
 
     async def _fit(self, call: _Call, endpoint: Endpoint, upstream_body: dict, request_bytes: bytes) -> bytes:
         """The request to send once its output limit fits the engine's context (call/max_tokens_fit.py)."""

@@ -85,6 +85,10 @@ class ModelRoutes:
     def __init__(self, default_model: str) -> None:
         self.model_name = default_model
         self.revision = 0
+        # Whether the tables are the registry as it is now: not before the first set is read, nor from a cut of the
+        # registry stream (a ledger restart) to the next set; the registry may have changed meanwhile (a push
+        # registering its new version), and a call routed on the old tables would be recorded at the old version.
+        self.current = False
         self._tables: dict[str, RoutingTable] = {default_model: RoutingTable(default_model)}
 
     def table(self, model: str = "") -> RoutingTable:
@@ -110,6 +114,11 @@ class ModelRoutes:
             tables[name] = table
         self._tables = tables
         self.revision = revision
+        self.current = True
+
+    def lost(self) -> None:
+        """The registry stream was cut: the tables stand until the next set, but may be behind it."""
+        self.current = False
 
     def count(self) -> tuple[int, int, int]:
         """Endpoints, stale ones and held ones, over every model (one engine serving two models counts twice)."""

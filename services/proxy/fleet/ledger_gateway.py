@@ -187,8 +187,15 @@ class LedgerGateway:
     # -- models -----------------------------------------------------------------------------------------------
 
     async def follow_models(self, routes: ModelRoutes, on_change: Callable[[], None]) -> None:
-        """Keeps every model's routing table equal to the registry's endpoint set (runs until cancelled)."""
-        async for message in self.client.watch_models():
+        """Keeps every model's routing table equal to the registry's endpoint set (runs until cancelled); from a
+        cut of the stream to the next set, the tables are marked as possibly behind (ModelRoutes.current)."""
+
+        def cut() -> None:
+            if routes.current:
+                log.warning("model registry stream cut: calls wait until the registry is read again")
+            routes.lost()
+
+        async for message in self.client.watch_models(on_cut=cut):
             routes.update(
                 (
                     (e.model_name, Endpoint(url=e.endpoint, version=e.version, weight_label=e.weight_label))
