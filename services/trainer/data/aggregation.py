@@ -59,6 +59,20 @@ class Row:
     # Aligned with response_ids: the weight version that sampled each generated token (-1 on context tokens).
     versions: list[int] = field(default_factory=list)
 
+    def cut(self, length: int) -> None:
+        """Keeps the first `length` response tokens, then drops the context tokens the row would end in (nothing is
+        trained on them): the length limit cuts rows so, and the staleness bound once it masks their ends."""
+        del self.response_ids[length:], self.response_mask[length:], self.versions[length:]
+        if self.logprobs is not None:
+            del self.logprobs[length:]
+        while self.response_mask and self.response_mask[-1] == 0:
+            self.response_ids.pop()
+            self.response_mask.pop()
+            if self.versions:
+                self.versions.pop()
+            if self.logprobs is not None:
+                self.logprobs.pop()
+
 
 def _start_row(trace: RolloutTrace, triplet: Triplet) -> Row:
     return Row(
@@ -127,18 +141,7 @@ def _apply_limits(rows: list[Row], max_prompt_length: int, max_response_length: 
             continue
         if len(row.response_ids) > max_response_length:
             counts[TRUNCATED_RESPONSES] += 1
-            del row.response_ids[max_response_length:]
-            del row.response_mask[max_response_length:]
-            del row.versions[max_response_length:]
-            if row.logprobs is not None:
-                del row.logprobs[max_response_length:]
-            # A cut that ends inside context leaves tokens nothing is trained on: drop them.
-            while row.response_mask[-1] == 0:
-                row.response_ids.pop()
-                row.response_mask.pop()
-                row.versions.pop()
-                if row.logprobs is not None:
-                    row.logprobs.pop()
+            row.cut(max_response_length)
         kept.append(row)
     return kept
 

@@ -53,14 +53,9 @@ def bound_staleness(rows: Sequence[Row], weights_version: int, max_staleness: in
                 if lag > max_staleness:
                     row.response_mask[i] = 0
                     masked += 1
-            # A row now ending in context would train nothing there: trim it, as the length limits do.
-            while row.response_mask and row.response_mask[-1] == 0:
-                row.response_ids.pop()
-                row.response_mask.pop()
-                row.versions.pop()
-                lags.pop()
-                if row.logprobs is not None:
-                    row.logprobs.pop()
+            # A row now ending in context would train nothing there: trimmed, as the length limit trims.
+            row.cut(len(row.response_ids))
+            del lags[len(row.response_ids) :]
             if not row.response_mask:
                 dropped += 1
                 continue
