@@ -85,7 +85,7 @@ def test_a_baseline_must_share_the_models_architecture_and_tokenizer(tmp_path: P
 def test_agl_train_keeps_the_best_only_where_it_validates_and_the_user_left_validation_alone() -> None:
     from types import SimpleNamespace
 
-    from services.cli.train.session import keeps_best
+    from services.cli.train.trainer_args import keeps_best
 
     plan = SimpleNamespace(val_every=10, val_file=Path("val.jsonl"), extra_overrides=[], overrides=[])
     assert keeps_best(plan)

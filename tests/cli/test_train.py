@@ -429,6 +429,12 @@ def _bad_inputs(workdir: Path) -> list[tuple[list[str], str]]:
         ([*data, *AGENT, "--sft-data", "none.jsonl"], "--sft-data none.jsonl: no such file"),
         ([*data, *AGENT, "--sft-data", "broken.jsonl"], "--sft-data broken.jsonl line 1: "),
         ([*data, *AGENT, "--max-prompt-length", "65536"], "more than the tiny model's 65,536 positions hold"),
+        # What only the trainer knows, refused in seconds, not after the stack, the start and the smoke rollout.
+        (
+            [*data, *AGENT, "agl.async_training.max_staleness=2"],
+            "the trainer would refuse this run: agl.async_training",
+        ),
+        ([*data, *AGENT, "trainer.no_such_setting=1"], "the trainer's config does not take these overrides: "),
     ]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import USAGE, CliError
-from . import checks, learning_rate, options, reporting, sft
+from . import checks, learning_rate, options, reporting, sft, stack, trainer_args
 from .process_id import this_process
 from .roles import role_overrides
 
@@ -204,7 +204,6 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
     examples, supervised = supervised_settings(args, model)
     report_to = reporting.parse_targets(args.report_to or [])
     reporting.check_targets(report_to)
-    checks.check_writable(output)  # last: it makes the run folder, which a refused command should not leave
     plan = TrainPlan(
         run_id=run_id,
         output=output,
@@ -230,7 +229,6 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         resume=bool(args.resume),
         allow_no_learning=bool(args.allow_no_learning),
         overrides=overrides,
-        checks_s=time.monotonic() - started,
         lora_rank=lora_rank,
         lora_alpha=lora_alpha,
         merge_adapter=bool(args.merge_adapter),
@@ -241,6 +239,9 @@ def plan_from_args(args: argparse.Namespace) -> TrainPlan:
         judge=judge,
         roles=roles,
     )
+    trainer_args.check(plan, stack.model_name())
+    checks.check_writable(output)  # last: it makes the run folder, which a refused command should not leave
+    plan.checks_s = time.monotonic() - started
     return plan
 
 

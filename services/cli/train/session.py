@@ -27,13 +27,26 @@ from services.code_root import CHECKOUT
 from services.trainer.run.best import ADAPTER
 
 from ..errors import FAILURE, USAGE, CliError
-from . import background, checks, collect, export, lora, options, preflight, prompt_fit, report, reporting, sft
+from . import (
+    background,
+    checks,
+    collect,
+    export,
+    lora,
+    options,
+    preflight,
+    prompt_fit,
+    report,
+    reporting,
+    sft,
+    trainer_args,
+)
 from .plan import TrainPlan, plan_from_args, unfinished_runs_like, write_run_file
 from .signals import Interrupted, raise_on_signals, restore_handlers, run_async
 from .stack import Stack, check_services, child_environment, running_stack, while_services_run
+from .trainer_args import TRAJECTORIES_FILE
 
 METRICS_FILE = "metrics.jsonl"
-TRAJECTORIES_FILE = "trajectories.jsonl"
 SMOKE_LABEL = "agl_smoke"
 
 
@@ -71,76 +84,6 @@ def tiny_model(plan: TrainPlan, out: TextIO) -> Path:
 
 
 # -- the trainer --------------------------------------------------------------------------------------------------
-
-
-def trainer_overrides(plan: TrainPlan, stack: Stack, model_path: Path) -> list[str]:
-    state = plan.output / "state"
-    launch = [f"agl.launch.agent_class={plan.agent_class}"] if plan.agent_class else []
-    if plan.command:
-        launch.append("agl.launch.command=" + json.dumps(list(plan.command)))
-    val = [f"data.val_files={plan.val_file}"] if plan.val_file else ["data.val_files=null"]
-    overrides = [
-        f"placement={'cpu' if plan.placement == 'cpu' else 'colocated'}",
-        f"agl.run_id={plan.run_id}",
-        f"agl.ledger_address={stack.ledger}",
-        f"agl.model_name={stack.model_name}",
-        *launch,
-        *(f"+agl.launch.env_map.{name}={json.dumps(value)}" for name, value in plan.env_map.items()),
-        f"agl.launch.timeout_seconds={plan.rollout_timeout}",
-        f"agl.output_dir={state}",
-        f"agl.state_dir={state / 'manager'}",
-        f"agl.trajectory_log={plan.output / TRAJECTORIES_FILE}",
-        "agl.progress=false",
-        f"data.train_files={plan.train_file}",
-        *val,
-        f"data.train_batch_size={plan.tasks_per_step}",
-        f"data.max_prompt_length={plan.max_prompt_length}",
-        f"actor_rollout_ref.rollout.n={plan.group_size}",
-        f"actor_rollout_ref.rollout.response_length={plan.max_response_length}",
-        f"actor_rollout_ref.model.path={model_path}",
-        f"actor_rollout_ref.actor.optim.lr={plan.lr}",
-        *(lora_overrides(plan) if plan.lora_rank else []),
-        *prompt_fit.trainer_overrides(plan.max_prompt_length, plan.max_response_length),
-        f"trainer.total_training_steps={plan.steps}",
-        f"trainer.test_freq={plan.val_every if plan.val_every > 0 and plan.val_file else -1}",
-        f"trainer.val_before_train={'true' if plan.val_file else 'false'}",
-        f"trainer.save_freq={plan.save_every}",
-        "trainer.resume_mode=auto",
-        reporting.trainer_loggers(plan.report_to),
-        # Every checkpoint of a real model is its size again (with the optimizer's state, three times it).
-        "trainer.max_actor_ckpt_to_keep=2",
-        f"trainer.default_local_dir={plan.output / 'checkpoints'}",
-        # The best validation's weights are kept beside the last step's; export takes them (export.py).
-        *([f"agl.best_dir={plan.output / export.BEST_DIR}"] if keeps_best(plan) else []),
-        *(plan.judge.overrides() if plan.judge is not None else []),
-        *plan.roles,
-    ]
-    if plan.placement == "cpu":
-        overrides.append(f"agl.engines.weights_dir={state / 'weights'}")
-    else:
-        import torch
-
-        overrides.append(f"trainer.n_gpus_per_node={torch.cuda.device_count()}")
-        parser = plan.tool_call_parser
-        overrides.append(f"agl.tool_calls.enable_auto_tool_choice={'false' if parser == 'none' else 'true'}")
-        if parser != "none":
-            overrides.append(f"agl.tool_calls.parser={parser}")
-        # verl's own engines get the weights in memory: the model to hand back is saved with each checkpoint.
-        overrides.append("actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]")
-    # The caller's settings win: the example's, then the user's own Hydra overrides.
-    return [*overrides, *plan.extra_overrides, *plan.overrides]
-
-
-def keeps_best(plan: TrainPlan) -> bool:
-    """Whether the run validates periodically, so the trainer can keep the best validation's weights; a Hydra
-    override of the validation's own settings is the user's, and the trainer would refuse agl.best_dir without it."""
-    own = {o.split("=", 1)[0].lstrip("+~") for o in [*plan.extra_overrides, *plan.overrides]}
-    return plan.val_every > 0 and plan.val_file is not None and not own & {"trainer.test_freq", "data.val_files"}
-
-
-def lora_overrides(plan: TrainPlan) -> list[str]:
-    model = "actor_rollout_ref.model"
-    return [f"{model}.lora_rank={plan.lora_rank}", f"{model}.lora_alpha={plan.lora_alpha}"]
 
 
 @contextlib.contextmanager
@@ -473,7 +416,12 @@ def _train_in(
             refused = _preflight(stack, plan, model_path, out)
             if refused is not None:
                 return refused, {}
-    argv = [sys.executable, "-m", "services.trainer", *trainer_overrides(plan, stack, model_path)]
+    argv = [
+        sys.executable,
+        "-m",
+        "services.trainer",
+        *trainer_args.overrides(plan, stack.ledger, stack.model_name, model_path),
+    ]
     log_path = stack.logs / "trainer.log"
     trainer_metrics = stack.logs / "trainer-metrics.jsonl"
     trainer_metrics.unlink(missing_ok=True)

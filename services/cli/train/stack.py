@@ -66,6 +66,13 @@ def write_key(folder: Path) -> tuple[str, Path]:
     return key, path
 
 
+def model_name() -> str:
+    """The model name the stack's proxy serves and its runs train (the compose file's AGL_MODEL_NAME)."""
+    return local_stack.load_compose({**os.environ, "AGL_KEY": "-"}, ["engine", "standin", "console"])["proxy"].env[
+        "AGL_MODEL_NAME"
+    ]
+
+
 async def register_engine(ledger: str, key: str, model_name: str, engine_url: str = "") -> None:
     """Replaces the model's endpoints with engine_url (with none when it is empty)."""
     async with LedgerClient(ledger, key=key) as client:
