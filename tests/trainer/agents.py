@@ -66,3 +66,41 @@ class PatientParityAgent:
                 pass
             time.sleep(min(0.25 * 2**attempt, 2.0))
         raise RuntimeError("the reward could not be posted")
+
+
+class SpanningAgent:
+    """ParityAgent over two calls when its task's mode is "span": the second call (the conversation so far and
+    one more question) waits until the engine serves newer weights than the first call met, so the rollout's
+    calls span a push; its task names the engine (`"engine": URL`) whose weight label it reads (vLLM's
+    /weight_info). After 120 s without a push (the run's last step) it calls anyway. Other modes: one call. A call
+    the trainer's pause refuses (429, async mode's push) is sent again until the pause ends."""
+
+    def run(self) -> None:
+        task = json.loads(os.environ.get("AGL_TASK", "{}"))
+        key = os.environ.get("AGL_KEY", "")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        base_url = os.environ["AGL_OPENAI_BASE_URL"]
+        messages = [{"role": "user", "content": task.get("q", "?")}]
+
+        def label() -> str:
+            return str(httpx.get(f"{task['engine']}/weight_info").json()["weight_version"])
+
+        def ask() -> str:
+            body = {"model": "any", "messages": messages, "max_tokens": 4}
+            for _ in range(600):
+                reply = httpx.post(f"{base_url}/chat/completions", json=body, headers=headers, timeout=60)
+                if reply.status_code not in (429, 503):
+                    break
+                time.sleep(0.1)
+            reply.raise_for_status()
+            return reply.json()["choices"][0]["message"]["content"] or " "
+
+        if task.get("mode") == "span":
+            first_label = label()
+            messages += [{"role": "assistant", "content": ask()}, {"role": "user", "content": "and again?"}]
+            deadline = time.monotonic() + 120
+            while label() == first_label and time.monotonic() < deadline:
+                time.sleep(0.1)
+        text = ask()
+        event = {"event_type": "reward", "data": {"value": ord(text[0]) % 2 + tie_break(base_url)}}
+        httpx.post(os.environ["AGL_EVENT_URL"], json=event, headers=headers).raise_for_status()
