@@ -72,7 +72,7 @@ class SpanningAgent:
     """ParityAgent over two calls when its task's mode is "span": the second call (the conversation so far and
     one more question) waits until the engine serves newer weights than the first call met, so the rollout's
     calls span a push; its task names the engine (`"engine": URL`) whose weight label it reads (vLLM's
-    /weight_info). After 120 s without a push (the run's last step) it calls anyway. Other modes: one call. A call
+    /weight_info). After 480 s without a push it calls anyway. Other modes: one call. A call
     the trainer's pause refuses (429, async mode's push) is sent again until the pause ends."""
 
     def run(self) -> None:
@@ -87,9 +87,10 @@ class SpanningAgent:
 
         def ask() -> str:
             body = {"model": "any", "messages": messages, "max_tokens": 4}
-            for _ in range(600):
+            until = time.monotonic() + 480  # a pause holds while the trainer updates: a minute or more on CPU
+            while True:
                 reply = httpx.post(f"{base_url}/chat/completions", json=body, headers=headers, timeout=60)
-                if reply.status_code not in (429, 503):
+                if reply.status_code not in (429, 503) or time.monotonic() > until:
                     break
                 time.sleep(0.1)
             reply.raise_for_status()
@@ -98,7 +99,7 @@ class SpanningAgent:
         if task.get("mode") == "span":
             first_label = label()
             messages += [{"role": "assistant", "content": ask()}, {"role": "user", "content": "and again?"}]
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 480  # under the test run's rollout timeout (600 s)
             while label() == first_label and time.monotonic() < deadline:
                 time.sleep(0.1)
         text = ask()

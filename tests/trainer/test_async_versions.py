@@ -62,7 +62,7 @@ def test_calls_spanning_a_push_keep_their_versions_and_the_bound_masks_the_older
             lr=1e-3,
             extra=[
                 "agl.launch.agent_class=tests.trainer.agents:SpanningAgent",
-                "agl.launch.timeout_seconds=300",
+                "agl.launch.timeout_seconds=600",
                 "agl.async_training.enable=true",
                 "agl.async_training.async_train_batch_size=3",
                 "agl.async_training.max_staleness=0",
