@@ -51,3 +51,38 @@ def test_a_signal_in_a_background_task_unwinds_the_loop_as_interrupted(sig: str)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout == f"{int(getattr(signal, sig))} background,work\n"
     assert result.stderr == ""
+
+
+SWALLOWED = """
+import io, os, signal, sys
+from services.cli.train.session import run_interruptible
+
+def swallowing():  # a library's bare except around an import, as the tiny model's build meets
+    try:
+        os.kill(os.getpid(), signal.{sig})
+    except BaseException:
+        pass
+    return 0
+
+def converting():  # an import cut short surfaces later as another error
+    try:
+        os.kill(os.getpid(), signal.{sig})
+    except BaseException as err:
+        raise ImportError("cannot import name 'x' from partially initialized module") from err
+    return 0
+
+for body in (swallowing, converting):
+    out = io.StringIO()
+    print(run_interruptible("train", body, out), out.getvalue().strip())
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_a_library_swallows_or_turns_into_another_error_still_stops_the_command(sig: str) -> None:
+    import signal
+
+    script = SWALLOWED.replace("{sig}", sig)
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    line = f"{128 + int(getattr(signal, sig))} agl train: interrupted by {sig}; everything it started has been stopped"
+    assert result.stdout.splitlines() == [line, line], result.stdout

@@ -42,7 +42,7 @@ from . import (
     trainer_args,
 )
 from .plan import TrainPlan, plan_from_args, unfinished_runs_like, write_run_file
-from .signals import Interrupted, raise_on_signals, restore_handlers, run_async
+from .signals import Interrupted, interrupted_by, raise_on_signals, restore_handlers, run_async
 from .stack import Stack, check_services, child_environment, running_stack, while_services_run
 from .trainer_args import TRAJECTORIES_FILE
 
@@ -218,10 +218,19 @@ async def smoke_rollout(plan: TrainPlan, stack: Stack) -> dict[str, Any]:
 def run_interruptible(command: str, body: Callable[[], int], out: TextIO) -> int:
     """body's exit code; Ctrl-C and SIGTERM stop every service it started (its context managers unwind) and end
     it with one line and 128 + the signal (agl eval, agl try)."""
-    previous = raise_on_signals()
+    received: list[int] = []
+    previous = raise_on_signals(received)
     try:
-        return body()
-    except Interrupted as stop:
+        try:
+            code = body()
+        except BaseException as error:
+            stop = interrupted_by(received, error)
+            if stop is None:
+                raise
+        else:
+            stop = interrupted_by(received, None)
+            if stop is None:
+                return code
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)  # the services' stop is bounded: not cut short by a second signal
         out.write(f"\nagl {command}: interrupted by {stop}; everything it started has been stopped\n")
@@ -245,7 +254,7 @@ def train(plan: TrainPlan, out: TextIO = sys.stdout, *, base_model: Path | None 
         return 0
 
     stopped = run_interruptible("train", prepare_model, out)
-    if not prepared:
+    if stopped or not prepared:
         return stopped
     model_path = prepared[0]
     if not plan.resume:

@@ -12,23 +12,37 @@ T = TypeVar("T")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class Interrupted(Exception):
+class Interrupted(BaseException):
+    # Not an Exception, as KeyboardInterrupt is not: a library's `except Exception` (an import probing for an
+    # optional package, seen in the tiny model's build) swallowed it, and a Ctrl-C there went unheard.
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
 
-def raise_on_signals() -> dict[int, Any]:
+def raise_on_signals(received: list[int] | None = None) -> dict[int, Any]:
     """SIGINT and SIGTERM raise Interrupted; Ctrl-C works even where agl was started with SIGINT ignored (a shell's
-    background job). The handlers they replace, to restore."""
+    background job). Each signal is also appended to `received`, for code that runs libraries which may turn the
+    raise into another error or swallow it (interrupted_by). The handlers they replace, to restore."""
 
     def handler(signum: int, frame: Any) -> None:
+        if received is not None:
+            received.append(signum)
         raise Interrupted(signum)
 
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     for sig in previous:
         signal.signal(sig, handler)
     return previous
+
+
+def interrupted_by(received: list[int], error: BaseException | None) -> Interrupted | None:
+    """The interruption to report after a body ended with `error` (None: it returned) while signals were
+    `received`: the raise lands wherever the main thread is, and an import it cuts short can surface as an
+    ImportError from a later import, or be swallowed by a library's bare `except`."""
+    if isinstance(error, Interrupted):
+        return error
+    return Interrupted(received[0]) if received else None
 
 
 def restore_handlers(previous: dict[int, Any]) -> None:

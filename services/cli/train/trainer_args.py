@@ -113,5 +113,17 @@ def check(plan: TrainPlan, model_name: str) -> None:
     except ConfigError as err:
         raise CliError(f"the trainer would refuse this run: {err}", USAGE) from None
     except (HydraException, OmegaConfBaseException) as err:
+        if _cut_short(err):  # Ctrl-C during the compose, which Hydra reports as a composition error
+            raise KeyboardInterrupt from None
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CliError(f"the trainer's config does not take these overrides: {first}", USAGE) from None
+
+
+def _cut_short(error: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is among the causes of `error`."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
