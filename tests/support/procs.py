@@ -191,7 +191,7 @@ def ledger_argv(port: int, store: str = "memory", key: str | None = None, extra_
     argv = [sys.executable, "-m", "services.ledger", "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--store", store, "--metrics-port", "0"]
     if key:
-        argv += ["--key", key]
+        argv += [f"--key={key}"]  # a key may begin with "-" (a run folder's key from before hex keys)
     return argv + list(extra_args)
 
 

@@ -59,7 +59,8 @@ def write_key(folder: Path) -> tuple[str, Path]:
         if key:
             return key, path
     folder.mkdir(parents=True, exist_ok=True)
-    key = secrets.token_urlsafe(18)
+    # Hex, not url-safe base64: one key in 64 began with '-', which a command line takes for an option (--key -x).
+    key = secrets.token_hex(18)
     path.touch(mode=0o600)
     path.chmod(0o600)
     path.write_text(key + "\n")

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..errors import USAGE, CliError
 from . import export, prompt_fit, reporting
 
-if TYPE_CHECKING:
-    from .plan import TrainPlan
+# A plan here is plan.py's TrainPlan, which calls check() as its last check: typed Any, as importing plan.py here,
+# even for its type alone, would make the two modules one circle.
+TrainPlan = Any
 
 TRAJECTORIES_FILE = "trajectories.jsonl"
 # Where the stack's ledger will listen is not known before it starts; no check reads it.
